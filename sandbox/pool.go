@@ -1,0 +1,156 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+)
+
+// Pool keeps up to Size ready sandboxes per spec, so Get hands one out
+// without waiting for a create. A sandbox is handed out once and belongs to
+// the caller from then on; the pool refills in the background.
+type Pool struct {
+	backend Backend
+	size    int
+
+	ctx    context.Context // lifecycle: cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	hits, misses, createErrors atomic.Int64
+
+	mu      sync.Mutex
+	ready   map[string][]Sandbox
+	filling map[string]bool
+	closed  bool
+}
+
+// PoolStats is a snapshot of a pool's counters.
+type PoolStats struct {
+	Ready        map[string]int
+	Hits         int64
+	Misses       int64
+	CreateErrors int64
+}
+
+// NewPool returns a pool over backend keeping size ready sandboxes per spec.
+func NewPool(backend Backend, size int) *Pool {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Pool{backend: backend, size: size, ctx: ctx, cancel: cancel,
+		ready: map[string][]Sandbox{}, filling: map[string]bool{}}
+}
+
+// Warm starts filling the pool for spec and returns at once.
+func (p *Pool) Warm(spec Spec) error {
+	if err := spec.Validate(); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return fmt.Errorf("pool: %w", ErrClosed)
+	}
+	p.startFillLocked(spec)
+	return nil
+}
+
+// Get returns a ready sandbox for spec, or creates one when none is ready.
+func (p *Pool) Get(ctx context.Context, spec Spec) (Sandbox, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	key := spec.Key()
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, fmt.Errorf("pool: %w", ErrClosed)
+	}
+	var sb Sandbox
+	if q := p.ready[key]; len(q) > 0 {
+		sb = q[len(q)-1]
+		p.ready[key] = q[:len(q)-1]
+	}
+	p.startFillLocked(spec)
+	p.mu.Unlock()
+	if sb != nil {
+		p.hits.Add(1)
+		return sb, nil
+	}
+	p.misses.Add(1)
+	return p.backend.Create(ctx, spec)
+}
+
+// startFillLocked tops up spec's queue in one background goroutine.
+func (p *Pool) startFillLocked(spec Spec) {
+	key := spec.Key()
+	if p.size <= 0 || p.filling[key] || len(p.ready[key]) >= p.size {
+		return
+	}
+	p.filling[key] = true
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			p.mu.Lock()
+			if p.closed || len(p.ready[key]) >= p.size {
+				p.filling[key] = false
+				p.mu.Unlock()
+				return
+			}
+			p.mu.Unlock()
+			sb, err := p.backend.Create(p.ctx, spec)
+			if err != nil {
+				p.createErrors.Add(1)
+				p.mu.Lock()
+				p.filling[key] = false
+				p.mu.Unlock()
+				return // the next Get retries; errors surface there
+			}
+			p.mu.Lock()
+			if p.closed {
+				p.mu.Unlock()
+				sb.Close()
+				return
+			}
+			p.ready[key] = append(p.ready[key], sb)
+			p.mu.Unlock()
+		}
+	}()
+}
+
+// Stats returns the pool's counters.
+func (p *Pool) Stats() PoolStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := PoolStats{Ready: map[string]int{}, Hits: p.hits.Load(), Misses: p.misses.Load(), CreateErrors: p.createErrors.Load()}
+	for k, q := range p.ready {
+		st.Ready[k] = len(q)
+	}
+	return st
+}
+
+// Close stops refilling and closes every sandbox not handed out. It is
+// idempotent.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.cancel()
+	var all []Sandbox
+	for _, q := range p.ready {
+		all = append(all, q...)
+	}
+	p.ready = nil
+	p.mu.Unlock()
+	p.wg.Wait()
+	var errs []error
+	for _, sb := range all {
+		errs = append(errs, sb.Close())
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,536 @@
+package sandboxtest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rollbox/rollbox/sandbox"
+)
+
+// Options describes the backend under test.
+type Options struct {
+	// Spec is the base spec each test's sandbox starts from.
+	Spec sandbox.Spec
+	// NoSignals: the backend has no POSIX signals or processes (WASI).
+	NoSignals string
+	// NoProcesses: commands cannot fork children (WASI); the reason is reported.
+	NoProcesses string
+	// NoOOM: the backend reports memory exhaustion as a trap, not an OOM kill.
+	NoOOM string
+	// NoNetworkStack: the backend has no sockets at all (WASI).
+	NoNetworkStack string
+	// FloodCommand prints about 1 GB to stdout; default uses head -c on /dev/zero.
+	FloodCommand string
+	// FloodBytes is how much FloodCommand prints (default 1 GB).
+	FloodBytes int64
+	// OOMCommand allocates far beyond the spec's memory limit.
+	OOMCommand string
+	// Remains, if set, is called after Close and must return what is left of
+	// the sandbox (containers, mounts, temp dirs) on the host.
+	Remains func(t *testing.T, info sandbox.Info) []string
+}
+
+// Run runs the suite against newBackend's sandboxes.
+func Run(t *testing.T, backend sandbox.Backend, opts Options) {
+	if opts.FloodCommand == "" {
+		opts.FloodCommand = "head -c 1000000000 /dev/zero"
+		opts.FloodBytes = 1_000_000_000
+	}
+	if opts.OOMCommand == "" {
+		opts.OOMCommand = `x=a; while true; do x="$x$x$x$x"; done`
+	}
+	s := &suite{backend: backend, opts: opts}
+	t.Run("exec reports exit codes", s.exitCodes)
+	t.Run("argv runs without a shell", s.argv)
+	t.Run("stdin reaches the command", s.stdin)
+	t.Run("env and workdir apply", s.envWorkdir)
+	t.Run("a missing program is exit 127, not an error", s.missingProgram)
+	t.Run("signals are reported", s.signals)
+	t.Run("a timeout kills the command and its children and keeps earlier output", s.timeout)
+	t.Run("an idle command is stopped like a timeout", s.idle)
+	t.Run("cancelling the context stops the command", s.cancel)
+	t.Run("a 1 GB flood comes back capped with the dropped count", s.flood)
+	t.Run("an out-of-memory command is reported as OOM", s.oom)
+	t.Run("a fork bomb stays inside the pids limit and the sandbox still answers", s.forkBomb)
+	t.Run("network egress fails", s.network)
+	t.Run("files round-trip byte-exact", s.files)
+	t.Run("reading a missing file is ErrNotFound", s.missingFile)
+	t.Run("paths outside the sandbox are refused", s.pathEscape)
+	t.Run("100 concurrent execs in one sandbox", s.concurrent)
+	t.Run("close during a running exec", s.closeWhileBusy)
+	t.Run("after close nothing remains", s.nothingRemains)
+	t.Run("an invalid spec is refused before anything starts", s.invalidSpec)
+}
+
+type suite struct {
+	backend sandbox.Backend
+	opts    Options
+}
+
+func (s *suite) new(t *testing.T, mutate ...func(*sandbox.Spec)) sandbox.Sandbox {
+	t.Helper()
+	spec := s.opts.Spec
+	for _, m := range mutate {
+		m(&spec)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sb, err := s.backend.Create(ctx, spec)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := sb.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return sb
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func (s *suite) sh(t *testing.T, sb sandbox.Sandbox, line string) sandbox.Result {
+	t.Helper()
+	res, err := sb.Exec(ctxT(t, 2*time.Minute), sandbox.ExecRequest{Shell: line})
+	if err != nil {
+		t.Fatalf("Exec(%q): %v", line, err)
+	}
+	return res
+}
+
+func explain(t *testing.T, reason string) bool {
+	if reason != "" {
+		t.Logf("does not apply to the %s backend: %s", t.Name(), reason)
+		return true
+	}
+	return false
+}
+
+func (s *suite) exitCodes(t *testing.T) {
+	sb := s.new(t)
+	for _, tc := range []struct {
+		line string
+		code int
+		out  string
+	}{
+		{"echo hello", 0, "hello\n"},
+		{"exit 3", 3, ""},
+		{"echo partial; exit 42", 42, "partial\n"},
+		{"false", 1, ""},
+	} {
+		res := s.sh(t, sb, tc.line)
+		if res.ExitCode != tc.code || string(res.Stdout) != tc.out {
+			t.Errorf("%q: exit %d stdout %q, want exit %d stdout %q", tc.line, res.ExitCode, res.Stdout, tc.code, tc.out)
+		}
+	}
+	res := s.sh(t, sb, "echo oops >&2; exit 1")
+	if string(res.Stderr) != "oops\n" {
+		t.Errorf("stderr = %q, want %q", res.Stderr, "oops\n")
+	}
+	if res.Duration <= 0 {
+		t.Errorf("Duration = %v, want > 0", res.Duration)
+	}
+}
+
+func (s *suite) argv(t *testing.T) {
+	sb := s.new(t)
+	res, err := sb.Exec(ctxT(t, time.Minute), sandbox.ExecRequest{Argv: []string{"echo", "a b", "$HOME", "*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(res.Stdout) != "a b $HOME *\n" {
+		t.Errorf("stdout = %q, want arguments passed verbatim", res.Stdout)
+	}
+}
+
+func (s *suite) stdin(t *testing.T) {
+	sb := s.new(t)
+	in := []byte("line one\nline two\n\x00\xff binary\n")
+	res, err := sb.Exec(ctxT(t, time.Minute), sandbox.ExecRequest{Argv: []string{"cat"}, Stdin: in})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(res.Stdout, in) {
+		t.Errorf("cat echoed %q, want %q", res.Stdout, in)
+	}
+}
+
+func (s *suite) envWorkdir(t *testing.T) {
+	sb := s.new(t, func(sp *sandbox.Spec) { sp.Env = map[string]string{"FROM_SPEC": "spec"} })
+	res, err := sb.Exec(ctxT(t, time.Minute), sandbox.ExecRequest{
+		Shell:   `echo "$FROM_SPEC $FROM_REQ"; pwd`,
+		Env:     map[string]string{"FROM_REQ": "req"},
+		Workdir: "/tmp",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := string(res.Stdout), "spec req\n/tmp\n"; got != want {
+		t.Errorf("stdout = %q, want %q", got, want)
+	}
+	res = s.sh(t, sb, "pwd")
+	wd := s.opts.Spec.WithDefaults().Workdir
+	if got := strings.TrimSpace(string(res.Stdout)); got != wd {
+		t.Errorf("default workdir = %q, want %q", got, wd)
+	}
+}
+
+func (s *suite) missingProgram(t *testing.T) {
+	sb := s.new(t)
+	res, err := sb.Exec(ctxT(t, time.Minute), sandbox.ExecRequest{Argv: []string{"no-such-program-xyz"}})
+	if err != nil {
+		t.Fatalf("a missing program must be a Result, got error %v", err)
+	}
+	if res.ExitCode != 127 {
+		t.Errorf("exit = %d, want 127", res.ExitCode)
+	}
+}
+
+func (s *suite) signals(t *testing.T) {
+	if explain(t, s.opts.NoSignals) {
+		return
+	}
+	sb := s.new(t)
+	res := s.sh(t, sb, "kill -TERM $$")
+	if res.Signal != "SIGTERM" {
+		t.Errorf("Signal = %q (exit %d), want SIGTERM", res.Signal, res.ExitCode)
+	}
+	if res.ExitCode != 128+15 {
+		t.Errorf("ExitCode = %d, want 143", res.ExitCode)
+	}
+}
+
+func (s *suite) timeout(t *testing.T) {
+	sb := s.new(t)
+	line := "echo before; sleep 30; echo after"
+	if s.opts.NoProcesses == "" {
+		// A child and a double-forked grandchild that try to outlive the command.
+		line = "echo before; (sleep 300 &) ; sh -c 'sleep 301 & sleep 302' & sleep 30; echo after"
+	}
+	start := time.Now()
+	res, err := sb.Exec(ctxT(t, time.Minute), sandbox.ExecRequest{Shell: line, Timeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); el > 10*time.Second {
+		t.Errorf("timeout took %v to return", el)
+	}
+	if !res.TimedOut {
+		t.Errorf("TimedOut = false (exit %d), want true", res.ExitCode)
+	}
+	if string(res.Stdout) != "before\n" {
+		t.Errorf("stdout = %q, want the output printed before the timeout", res.Stdout)
+	}
+	if s.opts.NoProcesses != "" {
+		explain(t, s.opts.NoProcesses)
+		return
+	}
+	// Nothing of the command may be left running.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ps := s.sh(t, sb, "ps -o pid,args 2>/dev/null || ps")
+		if !strings.Contains(string(ps.Stdout), "sleep 30") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("processes survived the timeout:\n%s", ps.Stdout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (s *suite) idle(t *testing.T) {
+	sb := s.new(t)
+	res, err := sb.Exec(ctxT(t, time.Minute), sandbox.ExecRequest{
+		Shell: "echo tick; sleep 30", Timeout: 20 * time.Second, IdleTimeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.TimedOut || !res.IdleTimedOut {
+		t.Errorf("TimedOut=%v IdleTimedOut=%v, want both", res.TimedOut, res.IdleTimedOut)
+	}
+	if string(res.Stdout) != "tick\n" {
+		t.Errorf("stdout = %q, want %q", res.Stdout, "tick\n")
+	}
+	if res.Duration > 10*time.Second {
+		t.Errorf("idle stop took %v", res.Duration)
+	}
+}
+
+func (s *suite) cancel(t *testing.T) {
+	sb := s.new(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(300*time.Millisecond, cancel)
+	start := time.Now()
+	_, err := sb.Exec(ctx, sandbox.ExecRequest{Shell: "sleep 30"})
+	if el := time.Since(start); el > 10*time.Second {
+		t.Errorf("cancel took %v", el)
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("err = %v, want context.Canceled", err)
+	}
+	// The sandbox goes on working.
+	if res := s.sh(t, sb, "echo alive"); string(res.Stdout) != "alive\n" {
+		t.Errorf("after cancel: stdout %q", res.Stdout)
+	}
+}
+
+func (s *suite) flood(t *testing.T) {
+	sb := s.new(t)
+	const limit = 64 << 10
+	res, err := sb.Exec(ctxT(t, 5*time.Minute), sandbox.ExecRequest{Shell: s.opts.FloodCommand, OutputCap: limit, Timeout: 4 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.TimedOut {
+		t.Fatalf("the flood timed out after %v", res.Duration)
+	}
+	if len(res.Stdout) != limit {
+		t.Errorf("kept %d bytes, want %d", len(res.Stdout), limit)
+	}
+	if got := int64(len(res.Stdout)) + res.StdoutDropped; got != s.opts.FloodBytes {
+		t.Errorf("kept+dropped = %d, want %d", got, s.opts.FloodBytes)
+	}
+	t.Logf("1 GB flood: %v", res.Duration)
+}
+
+func (s *suite) oom(t *testing.T) {
+	if explain(t, s.opts.NoOOM) {
+		return
+	}
+	sb := s.new(t, func(sp *sandbox.Spec) { sp.Limits.MemoryMB = 64 })
+	res, err := sb.Exec(ctxT(t, 2*time.Minute), sandbox.ExecRequest{Shell: s.opts.OOMCommand, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.OOMKilled {
+		t.Errorf("OOMKilled = false (exit %d, signal %q, trap %q, timed out %v)", res.ExitCode, res.Signal, res.Trap, res.TimedOut)
+	}
+	if res := s.sh(t, sb, "echo alive"); string(res.Stdout) != "alive\n" {
+		t.Errorf("sandbox did not survive the OOM: %q", res.Stdout)
+	}
+}
+
+func (s *suite) forkBomb(t *testing.T) {
+	if explain(t, s.opts.NoProcesses) {
+		return
+	}
+	sb := s.new(t, func(sp *sandbox.Spec) { sp.Limits.PIDs = 64 })
+	res, err := sb.Exec(ctxT(t, 2*time.Minute), sandbox.ExecRequest{
+		Shell: `bomb() { bomb | bomb & }; bomb; sleep 2`, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("fork bomb broke the sandbox: %v", err)
+	}
+	t.Logf("fork bomb: exit %d timed out %v", res.ExitCode, res.TimedOut)
+	r2, err := sb.Exec(ctxT(t, time.Minute), sandbox.ExecRequest{Shell: "echo alive"})
+	if err != nil || string(r2.Stdout) != "alive\n" {
+		t.Fatalf("sandbox stopped answering after a fork bomb: %q %v", r2.Stdout, err)
+	}
+}
+
+func (s *suite) network(t *testing.T) {
+	if s.opts.NoNetworkStack != "" {
+		explain(t, s.opts.NoNetworkStack)
+	}
+	sb := s.new(t)
+	// Any of these tools may exist; none may reach anything.
+	res := s.sh(t, sb, `for a in 1.1.1.1 8.8.8.8 169.254.169.254; do
+  if command -v wget >/dev/null 2>&1 && wget -q -T 2 -O /dev/null http://$a/ 2>/dev/null; then echo "reached $a"; fi
+  if command -v nc >/dev/null 2>&1 && echo | nc -w 2 $a 80 >/dev/null 2>&1; then echo "reached $a"; fi
+done
+echo checked`)
+	if strings.Contains(string(res.Stdout), "reached") || !strings.Contains(string(res.Stdout), "checked") {
+		t.Errorf("network egress: %q %q", res.Stdout, res.Stderr)
+	}
+}
+
+func (s *suite) files(t *testing.T) {
+	sb := s.new(t)
+	ctx := ctxT(t, time.Minute)
+	bin := make([]byte, 1<<20)
+	rand.Read(bin)
+	wd := s.opts.Spec.WithDefaults().Workdir
+	cases := map[string][]byte{
+		wd + "/hello.txt":      []byte("hello\n"),
+		wd + "/sub/dir/binary": bin,
+		wd + "/empty":          {},
+		wd + "/not-utf8.txt":   {0xff, 0xfe, 0x00, 'x', 0xc3},
+		"/tmp/elsewhere.txt":   []byte("tmp is writable too"),
+	}
+	for p, data := range cases {
+		if err := sb.WriteFile(ctx, p, data, 0o644); err != nil {
+			t.Fatalf("WriteFile(%s): %v", p, err)
+		}
+	}
+	for p, data := range cases {
+		got, err := sb.ReadFile(ctx, p, 0)
+		if err != nil {
+			t.Fatalf("ReadFile(%s): %v", p, err)
+		}
+		if !bytes.Equal(got, data) {
+			t.Errorf("%s: read %d bytes, differs from the %d written", p, len(got), len(data))
+		}
+	}
+	// Commands see the files, and files written by commands are readable.
+	res := s.sh(t, sb, "cat "+wd+"/hello.txt; echo made > "+wd+"/sub/made.txt")
+	if string(res.Stdout) != "hello\n" {
+		t.Errorf("cat = %q", res.Stdout)
+	}
+	if got, err := sb.ReadFile(ctx, wd+"/sub/made.txt", 0); err != nil || string(got) != "made\n" {
+		t.Errorf("ReadFile(made.txt) = %q, %v", got, err)
+	}
+	fis, err := sb.ListFiles(ctx, wd+"/sub")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, fi := range fis {
+		names = append(names, fmt.Sprintf("%s:%v", fi.Name, fi.IsDir))
+	}
+	if got := strings.Join(names, ","); got != "dir:true,made.txt:false" {
+		t.Errorf("ListFiles = %s", got)
+	}
+	if _, err := sb.ReadFile(ctx, wd+"/sub/dir/binary", 1000); !errors.Is(err, sandbox.ErrTooLarge) {
+		t.Errorf("ReadFile over maxBytes: err = %v, want ErrTooLarge", err)
+	}
+}
+
+func (s *suite) missingFile(t *testing.T) {
+	sb := s.new(t)
+	wd := s.opts.Spec.WithDefaults().Workdir
+	if _, err := sb.ReadFile(ctxT(t, time.Minute), wd+"/nope", 0); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("err = %v, want ErrNotFound", err)
+	}
+	if _, err := sb.ListFiles(ctxT(t, time.Minute), wd+"/nope"); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("ListFiles err = %v, want ErrNotFound", err)
+	}
+}
+
+func (s *suite) pathEscape(t *testing.T) {
+	sb := s.new(t)
+	ctx := ctxT(t, time.Minute)
+	wd := s.opts.Spec.WithDefaults().Workdir
+	for _, p := range []string{"relative/path", wd + "/../../etc/passwd-x"} {
+		if err := sb.WriteFile(ctx, p, []byte("x"), 0o644); err == nil {
+			t.Errorf("WriteFile(%q) succeeded", p)
+		}
+	}
+	// A symlink planted by a command to point outside must not be followed
+	// by ReadFile (CVE-2018-15664 class).
+	s.sh(t, sb, "ln -s /etc/hostname "+wd+"/link-out 2>/dev/null; ln -s / "+wd+"/root-link 2>/dev/null; true")
+	if data, err := sb.ReadFile(ctx, wd+"/link-out", 0); err == nil {
+		t.Errorf("ReadFile followed a symlink out of the workdir: %q", data)
+	}
+	if err := sb.WriteFile(ctx, wd+"/root-link/etc/planted", []byte("x"), 0o644); err == nil {
+		t.Errorf("WriteFile wrote through a symlink to /")
+	}
+}
+
+func (s *suite) concurrent(t *testing.T) {
+	sb := s.new(t)
+	ctx := ctxT(t, 2*time.Minute)
+	var wg sync.WaitGroup
+	errs := make(chan error, 100)
+	for i := range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := sb.Exec(ctx, sandbox.ExecRequest{Shell: fmt.Sprintf("echo %d; exit %d", i, i%7)})
+			switch {
+			case err != nil:
+				errs <- err
+			case string(res.Stdout) != fmt.Sprintf("%d\n", i) || res.ExitCode != i%7:
+				errs <- fmt.Errorf("exec %d: stdout %q exit %d", i, res.Stdout, res.ExitCode)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+func (s *suite) closeWhileBusy(t *testing.T) {
+	spec := s.opts.Spec
+	sb, err := s.backend.Create(ctxT(t, 2*time.Minute), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 4)
+	for range 4 {
+		go func() {
+			_, err := sb.Exec(ctxT(t, time.Minute), sandbox.ExecRequest{Shell: "sleep 30"})
+			done <- err
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	var wg sync.WaitGroup
+	for range 3 { // concurrent, idempotent Close
+		wg.Add(1)
+		go func() { defer wg.Done(); sb.Close() }()
+	}
+	wg.Wait()
+	for range 4 {
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Errorf("Exec during Close returned no error")
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatal("Exec still running 15s after Close")
+		}
+	}
+	if _, err := sb.Exec(ctxT(t, time.Minute), sandbox.ExecRequest{Shell: "true"}); !errors.Is(err, sandbox.ErrClosed) {
+		t.Errorf("Exec after Close: %v, want ErrClosed", err)
+	}
+}
+
+func (s *suite) nothingRemains(t *testing.T) {
+	sb, err := s.backend.Create(ctxT(t, 2*time.Minute), s.opts.Spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.sh(t, sb, "echo x > /tmp/x")
+	info := sb.Info()
+	if err := sb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s.opts.Remains == nil {
+		t.Fatal("the backend's test must say how to find what a sandbox leaves behind (Options.Remains)")
+	}
+	if left := s.opts.Remains(t, info); len(left) > 0 {
+		t.Errorf("after Close, left behind: %v", left)
+	}
+}
+
+func (s *suite) invalidSpec(t *testing.T) {
+	for _, tc := range []struct {
+		field string
+		mut   func(*sandbox.Spec)
+	}{
+		{"runtime", func(sp *sandbox.Spec) { sp.Runtime = "kata" }},
+		{"limits.memory_mb", func(sp *sandbox.Spec) { sp.Limits.MemoryMB = -5 }},
+		{"network", func(sp *sandbox.Spec) { sp.Network = "host" }},
+		{"workdir", func(sp *sandbox.Spec) { sp.Workdir = "work" }},
+	} {
+		spec := s.opts.Spec
+		tc.mut(&spec)
+		_, err := s.backend.Create(ctxT(t, time.Minute), spec)
+		var fe *sandbox.FieldError
+		if !errors.As(err, &fe) || fe.Field != tc.field {
+			t.Errorf("%s: err = %v, want a FieldError naming %s", tc.field, err, tc.field)
+		}
+	}
+}
