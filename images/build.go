@@ -1,0 +1,241 @@
+package images
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// Module is this repository's module path.
+const Module = "github.com/rollbox/rollbox"
+
+// ErrNoSource is returned when a program must be built but neither the
+// repository's source nor a prebuilt copy can be found.
+var ErrNoSource = errors.New("rollbox source not found")
+
+// Builder builds Go programs of this module for a target and caches them by
+// the hash of everything that goes into them.
+type Builder struct {
+	// SourceDir is the module root (the directory holding go.mod).
+	SourceDir string
+	// CacheDir holds built programs; created on demand.
+	CacheDir string
+	// Progress, if set, gets one line per build actually run.
+	Progress io.Writer
+
+	mu    sync.Mutex
+	built map[string]string // target key -> path, this process
+	locks map[string]*sync.Mutex
+}
+
+// NewBuilder returns a builder over the module found by FindSource, caching in
+// DefaultCacheDir. A missing source is reported by Build, not here, so
+// prebuilt programs in the cache still work.
+func NewBuilder(progress io.Writer) *Builder {
+	src, _ := FindSource()
+	return &Builder{SourceDir: src, CacheDir: DefaultCacheDir(), Progress: progress}
+}
+
+// DefaultCacheDir is $ROLLBOX_CACHE, else the user's cache dir /rollbox.
+func DefaultCacheDir() string {
+	if d := os.Getenv("ROLLBOX_CACHE"); d != "" {
+		return d
+	}
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "rollbox")
+	}
+	return filepath.Join(os.TempDir(), "rollbox-cache")
+}
+
+// FindSource finds the module root: $ROLLBOX_SRC, else the first directory
+// above the working directory, or above this executable, whose go.mod
+// declares Module.
+func FindSource() (string, error) {
+	if d := os.Getenv("ROLLBOX_SRC"); d != "" {
+		if isModuleRoot(d) {
+			return d, nil
+		}
+		return "", fmt.Errorf("ROLLBOX_SRC=%s holds no go.mod for %s: %w", d, Module, ErrNoSource)
+	}
+	var starts []string
+	if wd, err := os.Getwd(); err == nil {
+		starts = append(starts, wd)
+	}
+	if exe, err := os.Executable(); err == nil {
+		starts = append(starts, filepath.Dir(exe))
+	}
+	if _, file, _, ok := runtime.Caller(0); ok { // tests and go run from the tree
+		starts = append(starts, filepath.Dir(file))
+	}
+	for _, d := range starts {
+		for {
+			if isModuleRoot(d) {
+				return d, nil
+			}
+			parent := filepath.Dir(d)
+			if parent == d {
+				break
+			}
+			d = parent
+		}
+	}
+	return "", fmt.Errorf("no go.mod for %s above the working directory (set ROLLBOX_SRC): %w", Module, ErrNoSource)
+}
+
+func isModuleRoot(d string) bool {
+	b, err := os.ReadFile(filepath.Join(d, "go.mod"))
+	if err != nil {
+		return false
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	return strings.TrimSpace(first) == "module "+Module
+}
+
+// Target is one program to build.
+type Target struct {
+	// Package is the import path below Module, e.g. "images/guest".
+	Package string
+	GOOS    string
+	GOARCH  string
+	// Name is the cached file's base name, e.g. "guest" or "sh.wasm".
+	Name string
+}
+
+func (t Target) key() string { return t.Package + "|" + t.GOOS + "|" + t.GOARCH }
+
+// Build returns the path of tgt built from the current source, building it
+// (once per process and per content hash) when the cache lacks it.
+func (b *Builder) Build(ctx context.Context, tgt Target) (string, error) {
+	b.mu.Lock()
+	if b.built == nil {
+		b.built, b.locks = map[string]string{}, map[string]*sync.Mutex{}
+	}
+	if p, ok := b.built[tgt.key()]; ok {
+		b.mu.Unlock()
+		return p, nil
+	}
+	l := b.locks[tgt.key()]
+	if l == nil {
+		l = &sync.Mutex{}
+		b.locks[tgt.key()] = l
+	}
+	b.mu.Unlock()
+	l.Lock()
+	defer l.Unlock()
+	b.mu.Lock()
+	p, ok := b.built[tgt.key()]
+	b.mu.Unlock()
+	if ok {
+		return p, nil
+	}
+	p, err := b.build(ctx, tgt)
+	if err != nil {
+		return "", err
+	}
+	b.mu.Lock()
+	b.built[tgt.key()] = p
+	b.mu.Unlock()
+	return p, nil
+}
+
+func (b *Builder) build(ctx context.Context, tgt Target) (string, error) {
+	if b.SourceDir == "" {
+		return "", fmt.Errorf("build %s: %w (set ROLLBOX_SRC to a checkout)", tgt.Package, ErrNoSource)
+	}
+	hash, err := b.sourceHash(ctx, tgt)
+	if err != nil {
+		return "", fmt.Errorf("build %s: %w", tgt.Package, err)
+	}
+	dir := filepath.Join(b.CacheDir, "bin", tgt.GOOS+"_"+tgt.GOARCH)
+	out := filepath.Join(dir, hash[:16]+"-"+tgt.Name)
+	if _, err := os.Stat(out); err == nil {
+		return out, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	if b.Progress != nil {
+		fmt.Fprintf(b.Progress, "rollbox: building %s for %s/%s (first use; cached afterwards)\n", tgt.Package, tgt.GOOS, tgt.GOARCH)
+	}
+	tmp := fmt.Sprintf("%s.tmp%d", out, os.Getpid())
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", tmp, "./"+tgt.Package)
+	cmd.Dir = b.SourceDir
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS="+tgt.GOOS, "GOARCH="+tgt.GOARCH, "GOFLAGS=-mod=mod")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("build %s for %s/%s: %v: %s", tgt.Package, tgt.GOOS, tgt.GOARCH, err, strings.TrimSpace(stderr.String()))
+	}
+	if err := os.Rename(tmp, out); err != nil {
+		return "", err
+	}
+	return out, nil
+}
+
+// sourceHash digests every file of every in-module package tgt depends on,
+// go.mod, go.sum and the target itself.
+func (b *Builder) sourceHash(ctx context.Context, tgt Target) (string, error) {
+	cmd := exec.CommandContext(ctx, "go", "list", "-deps", "-json=Dir,GoFiles,EmbedFiles,Module", "./"+tgt.Package)
+	cmd.Dir = b.SourceDir
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS="+tgt.GOOS, "GOARCH="+tgt.GOARCH, "GOFLAGS=-mod=mod")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("go list: %v: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	var files []string
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for dec.More() {
+		var p struct {
+			Dir        string
+			GoFiles    []string
+			EmbedFiles []string
+			Module     *struct{ Path, Version string }
+		}
+		if err := dec.Decode(&p); err != nil {
+			return "", err
+		}
+		if p.Module == nil {
+			continue // standard library: covered by the Go version
+		}
+		if p.Module.Path != Module {
+			files = append(files, "module:"+p.Module.Path+"@"+p.Module.Version)
+			continue
+		}
+		for _, f := range append(p.GoFiles, p.EmbedFiles...) {
+			files = append(files, filepath.Join(p.Dir, f))
+		}
+	}
+	files = append(files, filepath.Join(b.SourceDir, "go.mod"), filepath.Join(b.SourceDir, "go.sum"))
+	sort.Strings(files)
+	h := sha256.New()
+	fmt.Fprintf(h, "%s %s %s %s\n", runtime.Version(), tgt.Package, tgt.GOOS, tgt.GOARCH)
+	for _, f := range files {
+		if strings.HasPrefix(f, "module:") {
+			fmt.Fprintln(h, f)
+			continue
+		}
+		data, err := os.ReadFile(f)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return "", err
+		}
+		rel, _ := filepath.Rel(b.SourceDir, f)
+		fmt.Fprintf(h, "%s %d\n", rel, len(data))
+		h.Write(data)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
