@@ -95,6 +95,13 @@ type Turn struct {
 	// Usage is nil when the server reported none.
 	Usage    *Usage         `json:"usage,omitempty"`
 	Logprobs []TokenLogprob `json:"logprobs,omitempty"`
+	// PromptTokenIDs and CompletionTokenIDs are the token ids of the prompt
+	// as the server rendered it and of the sampled completion, when the
+	// server returned them (vLLM's return_token_ids, or completion tokens
+	// sent as "token_id:N" logprobs); nil otherwise. Trainers use them to
+	// avoid re-tokenizing.
+	PromptTokenIDs     []int64 `json:"prompt_token_ids,omitempty"`
+	CompletionTokenIDs []int64 `json:"completion_token_ids,omitempty"`
 	// Raw is the server's response body (or the scripted line), kept for the
 	// trajectory.
 	Raw json.RawMessage `json:"raw,omitempty"`
