@@ -1,0 +1,285 @@
+package trajectory
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"time"
+	"unicode/utf8"
+)
+
+// Schema is the version tag of the document; readers refuse a newer one.
+const Schema = "rollbox.trajectory/v1"
+
+// Step types.
+const (
+	StepModel = "model"
+	StepTool  = "tool"
+)
+
+// Error kinds of a tool step: a closed list.
+const (
+	ErrBadArguments    = "bad_arguments"
+	ErrUnknownTool     = "unknown_tool"
+	ErrTimeout         = "timeout"
+	ErrNonzeroExit     = "nonzero_exit"
+	ErrOOM             = "oom"
+	ErrOutputTruncated = "output_truncated"
+	ErrSandbox         = "sandbox_error"
+	ErrPolicy          = "policy_error"
+)
+
+// ErrorKinds is the closed list, in order.
+var ErrorKinds = []string{ErrBadArguments, ErrUnknownTool, ErrTimeout, ErrNonzeroExit, ErrOOM, ErrOutputTruncated, ErrSandbox, ErrPolicy}
+
+// Termination reasons.
+const (
+	EndFinished        = "finished"
+	EndMaxTurns        = "max_turns"
+	EndContextOverflow = "context_overflow"
+	EndEpisodeTimeout  = "episode_timeout"
+	EndPolicyError     = "policy_error"
+	EndSandboxError    = "sandbox_error"
+	EndCancelled       = "cancelled"
+	EndInterrupted     = "interrupted"
+)
+
+// EndReasons is the closed list of termination reasons.
+var EndReasons = []string{EndFinished, EndMaxTurns, EndContextOverflow, EndEpisodeTimeout, EndPolicyError, EndSandboxError, EndCancelled, EndInterrupted}
+
+// Scored reports whether an episode that ended for reason may be given a
+// reward: infrastructure ends (sandbox, policy server, cancellation, crash)
+// are never scored as the model's failure.
+func Scored(reason string) bool {
+	switch reason {
+	case EndFinished, EndMaxTurns, EndContextOverflow, EndEpisodeTimeout:
+		return true
+	}
+	return false
+}
+
+// Trajectory is one episode.
+type Trajectory struct {
+	Schema    string `json:"schema"`
+	EpisodeID string `json:"episode_id"`
+	RolloutID string `json:"rollout_id"`
+	GroupID   string `json:"group_id"`
+	// GroupIndex is the episode's place in its GRPO group.
+	GroupIndex int    `json:"group_index"`
+	TaskID     string `json:"task_id"`
+	// TaskHash is the sha256 of the task's canonical JSON.
+	TaskHash string `json:"task_hash"`
+	Seed     int64  `json:"seed"`
+	// Task is the task as given, so the episode can be replayed.
+	Task      json.RawMessage `json:"task"`
+	StartedAt time.Time       `json:"started_at"`
+	EndedAt   *time.Time      `json:"ended_at,omitempty"`
+	Sandbox   Sandbox         `json:"sandbox"`
+	Policy    Policy          `json:"policy"`
+	// Pinned is the nondeterminism the runtime controls, as it was set.
+	Pinned        map[string]string `json:"pinned,omitempty"`
+	Steps         []Step            `json:"steps"`
+	ContextEvents []ContextEvent    `json:"context_events"`
+	Termination   *Termination      `json:"termination"`
+	Reward        *Reward           `json:"reward"`
+	Stats         Stats             `json:"stats"`
+	// Group is set on streamed episodes once their GRPO group completes.
+	Group *GroupStats `json:"group,omitempty"`
+}
+
+// Sandbox is the sandbox as it really ran.
+type Sandbox struct {
+	Backend     string          `json:"backend"`
+	ID          string          `json:"id,omitempty"`
+	Image       string          `json:"image,omitempty"`
+	ImageDigest string          `json:"image_digest,omitempty"`
+	Runtime     string          `json:"runtime,omitempty"`
+	Network     string          `json:"network,omitempty"`
+	Workdir     string          `json:"workdir,omitempty"`
+	Limits      json.RawMessage `json:"limits,omitempty"`
+	Loosened    []string        `json:"loosened,omitempty"`
+}
+
+// Policy describes who decided.
+type Policy struct {
+	Kind     string          `json:"kind"` // openai, scripted, replay, env (the trainer owns the loop)
+	Endpoint string          `json:"endpoint,omitempty"`
+	Model    string          `json:"model,omitempty"`
+	Sampling json.RawMessage `json:"sampling,omitempty"`
+}
+
+// ToolCall is a call as the model made it: Arguments is the raw text;
+// Parsed is the decoded object when the text is valid JSON.
+type ToolCall struct {
+	ID        string          `json:"id"`
+	Name      string          `json:"name"`
+	Arguments string          `json:"arguments"`
+	Parsed    json.RawMessage `json:"parsed,omitempty"`
+}
+
+// Step is a model turn or a tool result.
+type Step struct {
+	Index int    `json:"index"`
+	Type  string `json:"type"`
+	// Turn is the model turn this step belongs to (0-based).
+	Turn      int       `json:"turn"`
+	StartedAt time.Time `json:"started_at"`
+	// DurationMS is the step's wall time in milliseconds.
+	DurationMS float64 `json:"duration_ms"`
+
+	// Model turn fields.
+	Content           string          `json:"content,omitempty"`
+	ToolCalls         []ToolCall      `json:"tool_calls,omitempty"`
+	ToolCallsFromText bool            `json:"tool_calls_from_text,omitempty"`
+	FinishReason      string          `json:"finish_reason,omitempty"`
+	Model             string          `json:"model,omitempty"`
+	Usage             *Usage          `json:"usage,omitempty"`
+	Logprobs          json.RawMessage `json:"logprobs,omitempty"`
+	Raw               json.RawMessage `json:"raw,omitempty"`
+	Attempts          int             `json:"attempts,omitempty"`
+
+	// Tool result fields.
+	CallID string `json:"call_id,omitempty"`
+	Name   string `json:"name,omitempty"`
+	// Arguments is the parsed arguments object when valid, else the raw text
+	// as a JSON string.
+	Arguments json.RawMessage `json:"arguments,omitempty"`
+	OK        *bool           `json:"ok,omitempty"`
+	// ErrorKind is null or one of ErrorKinds.
+	ErrorKind *string `json:"error_kind"`
+	Error     string  `json:"error,omitempty"`
+	ExitCode  *int    `json:"exit_code"`
+	Signal    string  `json:"signal,omitempty"`
+	TimedOut  bool    `json:"timed_out,omitempty"`
+	OOMKilled bool    `json:"oom_killed,omitempty"`
+	// Output is exactly what the model saw.
+	Output string `json:"output"`
+	// Truncated says Output was cut to the task's cap; BytesDropped counts
+	// the bytes of the full output the model did not see.
+	Truncated    bool  `json:"truncated"`
+	BytesDropped int64 `json:"bytes_dropped"`
+	// Stdout and Stderr are the full streams, lossless, up to the storage
+	// cap; StoredDropped counts what the storage cap dropped from each.
+	Stdout              *Bytes `json:"stdout,omitempty"`
+	Stderr              *Bytes `json:"stderr,omitempty"`
+	StdoutStoredDropped int64  `json:"stdout_stored_dropped,omitempty"`
+	StderrStoredDropped int64  `json:"stderr_stored_dropped,omitempty"`
+	// Files written by the tool (path → sha256), for replay comparisons.
+	Files map[string]string `json:"files,omitempty"`
+}
+
+// Usage is the token accounting of a model turn.
+type Usage struct {
+	PromptTokens     int64 `json:"prompt_tokens"`
+	CompletionTokens int64 `json:"completion_tokens"`
+	TotalTokens      int64 `json:"total_tokens"`
+	// Estimated is set when the server reported nothing and the numbers are
+	// Rollbox's estimate.
+	Estimated bool `json:"estimated,omitempty"`
+}
+
+// ContextEvent records something done to the model's context.
+type ContextEvent struct {
+	Step int    `json:"step"`
+	Kind string `json:"kind"` // tool_output_truncated, context_truncated, context_overflow, pruned, prune_refused, read_refused
+	// Detail is a human-readable description.
+	Detail string   `json:"detail"`
+	IDs    []string `json:"ids,omitempty"`
+	Tokens int64    `json:"tokens,omitempty"`
+}
+
+// Termination is how the episode ended.
+type Termination struct {
+	Reason  string `json:"reason"`
+	Message string `json:"message,omitempty"`
+	// Step is the index of the last step recorded.
+	Step int `json:"step"`
+	// Answer and IDs are what finish was given.
+	Answer *string  `json:"answer,omitempty"`
+	IDs    []string `json:"ids,omitempty"`
+}
+
+// Reward is the outcome reward with its parts.
+type Reward struct {
+	Total      float64            `json:"total"`
+	Components map[string]float64 `json:"components"`
+	// Verifier is the verifier's own output, when one ran.
+	Verifier *Verifier `json:"verifier,omitempty"`
+	Details  []string  `json:"details,omitempty"`
+}
+
+// Verifier is a command the reward ran.
+type Verifier struct {
+	Command    string  `json:"command"`
+	ExitCode   int     `json:"exit_code"`
+	TimedOut   bool    `json:"timed_out,omitempty"`
+	Stdout     *Bytes  `json:"stdout,omitempty"`
+	Stderr     *Bytes  `json:"stderr,omitempty"`
+	DurationMS float64 `json:"duration_ms"`
+	Restored   []string `json:"restored,omitempty"`
+	Removed    []string `json:"removed,omitempty"`
+}
+
+// Stats are totals over the steps.
+type Stats struct {
+	Turns            int            `json:"turns"`
+	ToolCalls        int            `json:"tool_calls"`
+	ToolErrors       map[string]int `json:"tool_errors"`
+	PromptTokens     int64          `json:"prompt_tokens"`
+	CompletionTokens int64          `json:"completion_tokens"`
+	ContextTokens    int64          `json:"context_tokens"`
+	PolicyMS         float64        `json:"policy_ms"`
+	ToolMS           float64        `json:"tool_ms"`
+	DurationMS       float64        `json:"duration_ms"`
+}
+
+// GroupStats are GRPO statistics of the episode's group.
+type GroupStats struct {
+	Size         int     `json:"size"`
+	RewardMean   float64 `json:"reward_mean"`
+	RewardStd    float64 `json:"reward_std"`
+	Advantage    float64 `json:"advantage"`
+	ZeroVariance bool    `json:"zero_variance"`
+}
+
+// Bytes is a byte string that survives JSON losslessly: valid UTF-8 is a
+// plain JSON string, anything else {"base64": "..."}.
+type Bytes []byte
+
+// NewBytes returns a *Bytes of b (nil for nil).
+func NewBytes(b []byte) *Bytes {
+	if b == nil {
+		return nil
+	}
+	v := Bytes(b)
+	return &v
+}
+
+// MarshalJSON implements json.Marshaler.
+func (b Bytes) MarshalJSON() ([]byte, error) {
+	if utf8.Valid(b) {
+		return json.Marshal(string(b))
+	}
+	return json.Marshal(map[string]string{"base64": base64.StdEncoding.EncodeToString(b)})
+}
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (b *Bytes) UnmarshalJSON(data []byte) error {
+	var s string
+	if err := json.Unmarshal(data, &s); err == nil {
+		*b = Bytes(s)
+		return nil
+	}
+	var o struct {
+		Base64 *string `json:"base64"`
+	}
+	if err := json.Unmarshal(data, &o); err != nil || o.Base64 == nil {
+		return fmt.Errorf("bytes: want a string or {\"base64\": ...}, got %.40s", data)
+	}
+	d, err := base64.StdEncoding.DecodeString(*o.Base64)
+	if err != nil {
+		return fmt.Errorf("bytes: %w", err)
+	}
+	*b = d
+	return nil
+}

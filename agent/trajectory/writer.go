@@ -1,0 +1,311 @@
+package trajectory
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// PartialSuffix names the append-only journal of an episode in flight.
+const PartialSuffix = ".json.partial"
+
+// journal line kinds
+const (
+	lineHeader  = "header"
+	lineSandbox = "sandbox"
+	lineStep    = "step"
+	lineEvent   = "event"
+	lineEnd     = "end"
+)
+
+type journalLine struct {
+	K string          `json:"k"`
+	V json.RawMessage `json:"v"`
+}
+
+type endRecord struct {
+	Termination *Termination `json:"termination"`
+	Reward      *Reward      `json:"reward"`
+	Stats       Stats        `json:"stats"`
+	EndedAt     time.Time    `json:"ended_at"`
+}
+
+// Writer records one episode under Dir: every call appends one line to
+// <episode_id>.json.partial (open, append, close: a crash loses at most the
+// line being written), and End writes <episode_id>.json atomically and
+// removes the journal. Safe for concurrent use.
+type Writer struct {
+	mu      sync.Mutex
+	dir     string
+	partial string
+	final   string
+	t       *Trajectory
+	ended   bool
+}
+
+// NewWriter starts the record of t in dir, writing its header at once.
+func NewWriter(dir string, t *Trajectory) (*Writer, error) {
+	if t.EpisodeID == "" || strings.ContainsAny(t.EpisodeID, `/\`) || strings.HasPrefix(t.EpisodeID, ".") {
+		return nil, fmt.Errorf("trajectory: episode id %q is not a safe file name", t.EpisodeID)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	t.Schema = Schema
+	if t.Steps == nil {
+		t.Steps = []Step{}
+	}
+	if t.ContextEvents == nil {
+		t.ContextEvents = []ContextEvent{}
+	}
+	w := &Writer{dir: dir, t: t,
+		partial: filepath.Join(dir, t.EpisodeID+PartialSuffix),
+		final:   filepath.Join(dir, t.EpisodeID+".json")}
+	head := *t
+	head.Steps, head.ContextEvents = nil, nil
+	if err := w.append(lineHeader, head); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// Path is the final document's path.
+func (w *Writer) Path() string { return w.final }
+
+// Trajectory returns the record as it stands (not a copy: don't mutate).
+func (w *Writer) Trajectory() *Trajectory {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.t
+}
+
+func (w *Writer) append(kind string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("trajectory %s: %w", kind, err)
+	}
+	line, _ := json.Marshal(journalLine{K: kind, V: b})
+	f, err := os.OpenFile(w.partial, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("trajectory: %w", err)
+	}
+	_, err = f.Write(append(line, '\n'))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("trajectory: %w", err)
+	}
+	return nil
+}
+
+// SetSandbox records the sandbox as it really runs.
+func (w *Writer) SetSandbox(s Sandbox) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.t.Sandbox = s
+	return w.append(lineSandbox, s)
+}
+
+// Step appends a step, numbering it.
+func (w *Writer) Step(s Step) (Step, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ended {
+		return s, errors.New("trajectory: step after end")
+	}
+	s.Index = len(w.t.Steps)
+	w.t.Steps = append(w.t.Steps, s)
+	return s, w.append(lineStep, s)
+}
+
+// Event appends a context event.
+func (w *Writer) Event(e ContextEvent) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.t.ContextEvents = append(w.t.ContextEvents, e)
+	return w.append(lineEvent, e)
+}
+
+// End records the termination and reward and writes the final document.
+// It is idempotent: a second End is ignored.
+func (w *Writer) End(term *Termination, reward *Reward, stats Stats) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ended {
+		return nil
+	}
+	w.ended = true
+	now := time.Now().UTC()
+	w.t.Termination, w.t.Reward, w.t.Stats, w.t.EndedAt = term, reward, stats, &now
+	if err := w.append(lineEnd, endRecord{term, reward, stats, now}); err != nil {
+		return err
+	}
+	if err := WriteFile(w.final, w.t); err != nil {
+		return err
+	}
+	return os.Remove(w.partial)
+}
+
+// WriteFile writes t to path atomically (temp file, then rename).
+func WriteFile(path string, t *Trajectory) error {
+	b, err := json.MarshalIndent(t, "", " ")
+	if err != nil {
+		return fmt.Errorf("trajectory %s: %w", t.EpisodeID, err)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// ErrNewerSchema is returned for a document written by a newer Rollbox.
+var ErrNewerSchema = errors.New("trajectory written by a newer schema")
+
+// Read reads a trajectory document, refusing schemas it does not know.
+func Read(path string) (*Trajectory, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Decode(b)
+}
+
+// Decode parses a trajectory document.
+func Decode(b []byte) (*Trajectory, error) {
+	var probe struct {
+		Schema string `json:"schema"`
+	}
+	if err := json.Unmarshal(b, &probe); err != nil {
+		return nil, fmt.Errorf("trajectory: not JSON: %w", err)
+	}
+	if probe.Schema != Schema {
+		if strings.HasPrefix(probe.Schema, "rollbox.trajectory/") {
+			return nil, fmt.Errorf("trajectory schema %q (this rollbox reads %s): %w; upgrade rollbox", probe.Schema, Schema, ErrNewerSchema)
+		}
+		return nil, fmt.Errorf("trajectory: schema %q is not %s", probe.Schema, Schema)
+	}
+	var t Trajectory
+	if err := json.Unmarshal(b, &t); err != nil {
+		return nil, fmt.Errorf("trajectory: %w", err)
+	}
+	return &t, nil
+}
+
+// Recover rebuilds the trajectory a crashed writer left in a journal. An
+// episode that had not ended is marked interrupted; a torn last line (the
+// step in flight) is dropped and counted in the termination message.
+func Recover(partial string) (*Trajectory, error) {
+	f, err := os.Open(partial)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var t *Trajectory
+	torn := 0
+	r := bufio.NewReader(f)
+	for {
+		line, err := r.ReadBytes('\n')
+		if len(bytes.TrimSpace(line)) > 0 {
+			var jl journalLine
+			if jerr := json.Unmarshal(line, &jl); jerr != nil {
+				torn++
+			} else if t == nil && jl.K != lineHeader {
+				return nil, fmt.Errorf("trajectory journal %s: first line is %q, not a header", partial, jl.K)
+			} else {
+				if derr := apply(&t, jl); derr != nil {
+					torn++
+				}
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if t == nil {
+		return nil, fmt.Errorf("trajectory journal %s: no header", partial)
+	}
+	if t.Termination == nil {
+		now := time.Now().UTC()
+		t.EndedAt = &now
+		msg := "the process recording this episode stopped before it ended"
+		if torn > 0 {
+			msg += fmt.Sprintf("; %d torn journal line(s) dropped", torn)
+		}
+		t.Termination = &Termination{Reason: EndInterrupted, Message: msg, Step: len(t.Steps) - 1}
+		t.Reward = nil
+	}
+	return t, nil
+}
+
+func apply(t **Trajectory, jl journalLine) error {
+	switch jl.K {
+	case lineHeader:
+		var h Trajectory
+		if err := json.Unmarshal(jl.V, &h); err != nil {
+			return err
+		}
+		h.Steps, h.ContextEvents = []Step{}, []ContextEvent{}
+		*t = &h
+	case lineSandbox:
+		return json.Unmarshal(jl.V, &(*t).Sandbox)
+	case lineStep:
+		var s Step
+		if err := json.Unmarshal(jl.V, &s); err != nil {
+			return err
+		}
+		(*t).Steps = append((*t).Steps, s)
+	case lineEvent:
+		var e ContextEvent
+		if err := json.Unmarshal(jl.V, &e); err != nil {
+			return err
+		}
+		(*t).ContextEvents = append((*t).ContextEvents, e)
+	case lineEnd:
+		var e endRecord
+		if err := json.Unmarshal(jl.V, &e); err != nil {
+			return err
+		}
+		(*t).Termination, (*t).Reward, (*t).Stats, (*t).EndedAt = e.Termination, e.Reward, e.Stats, &e.EndedAt
+	}
+	return nil
+}
+
+// RecoverDir finalizes every journal left in dir: each becomes a
+// <episode_id>.json (interrupted unless it had ended) and the journal is
+// removed. It returns the recovered trajectories.
+func RecoverDir(dir string) ([]*Trajectory, error) {
+	matches, err := filepath.Glob(filepath.Join(dir, "*"+PartialSuffix))
+	if err != nil {
+		return nil, err
+	}
+	var out []*Trajectory
+	var errs []error
+	for _, p := range matches {
+		t, err := Recover(p)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		final := strings.TrimSuffix(p, PartialSuffix) + ".json"
+		if err := WriteFile(final, t); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		os.Remove(p)
+		out = append(out, t)
+	}
+	return out, errors.Join(errs...)
+}

@@ -1,0 +1,281 @@
+package tools
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/rollbox/rollbox/sandbox"
+)
+
+// Error kinds a tool result may carry (a subset of the trajectory's closed
+// list; output_truncated and policy_error are decided by the agent loop).
+const (
+	KindBadArguments = "bad_arguments"
+	KindUnknownTool  = "unknown_tool"
+	KindTimeout      = "timeout"
+	KindNonzeroExit  = "nonzero_exit"
+	KindOOM          = "oom"
+	KindSandbox      = "sandbox_error"
+)
+
+// Sandbox is what the tools need of a sandbox.
+type Sandbox interface {
+	Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Result, error)
+	ReadFile(ctx context.Context, path string, maxBytes int64) ([]byte, error)
+	WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error
+}
+
+// Env is the episode-side context a tool runs in.
+type Env struct {
+	Sandbox Sandbox
+	Workdir string
+	// ExecTimeout is the default and the ceiling of a command's timeout.
+	ExecTimeout time.Duration
+	// IdleTimeout stops a command that prints nothing for that long.
+	IdleTimeout time.Duration
+	// StoreCap caps each stream kept of a command (head and tail).
+	StoreCap int
+	// TestCommand is what run_tests runs; TestTimeout bounds it.
+	TestCommand string
+	TestTimeout time.Duration
+	// PythonArgv runs a python program from a file: argv + path.
+	PythonArgv []string
+	// Extra carries tool-specific state (the retriever's context ledger).
+	Extra map[string]any
+}
+
+// Finish is what the finish tool was given.
+type Finish struct {
+	Answer *string  `json:"answer,omitempty"`
+	IDs    []string `json:"ids,omitempty"`
+}
+
+// Result is what a call did. Text is the tool's whole textual answer, before
+// the agent loop cuts it to the model's budget.
+type Result struct {
+	Text      string
+	ErrorKind string // "" or one of the Kind constants
+	Err       string // a short description when ErrorKind is set
+	ExitCode  *int
+	Signal    string
+	TimedOut  bool
+	OOMKilled bool
+	// Stdout and Stderr are the command's streams as kept (StoreCap, head
+	// and tail); the Dropped counts are what the cap dropped.
+	Stdout, Stderr               []byte
+	StdoutDropped, StderrDropped int64
+	Finish                       *Finish
+	// Files maps paths the tool wrote to their sha256.
+	Files map[string]string
+	// Events are context events the tool caused (retrieval tools).
+	Events []Event
+}
+
+// Event is a context event a tool reports to the loop.
+type Event struct {
+	Kind   string
+	Detail string
+	IDs    []string
+	Tokens int64
+}
+
+// Tool is one callable tool.
+type Tool interface {
+	Schema() Schema
+	// Run executes a call whose arguments already passed the schema. A
+	// returned error means the sandbox failed; everything else is a Result.
+	Run(ctx context.Context, env *Env, args map[string]any) (Result, error)
+}
+
+// Registry is the set of tools offered in an episode, in order.
+type Registry struct {
+	tools map[string]Tool
+	order []string
+	specs map[string]*param
+}
+
+// NewRegistry builds a registry of tools in the given order. Duplicate names
+// are an error.
+func NewRegistry(ts ...Tool) (*Registry, error) {
+	r := &Registry{tools: map[string]Tool{}, specs: map[string]*param{}}
+	for _, t := range ts {
+		s := t.Schema()
+		if _, dup := r.tools[s.Name]; dup {
+			return nil, fmt.Errorf("tools: %q registered twice", s.Name)
+		}
+		var p param
+		if err := json.Unmarshal(s.Parameters, &p); err != nil {
+			return nil, fmt.Errorf("tools: %s schema: %w", s.Name, err)
+		}
+		r.tools[s.Name] = t
+		r.specs[s.Name] = &p
+		r.order = append(r.order, s.Name)
+	}
+	return r, nil
+}
+
+// Names lists the tools in order.
+func (r *Registry) Names() []string { return append([]string(nil), r.order...) }
+
+// Schemas lists the tool definitions in order.
+func (r *Registry) Schemas() []Schema {
+	out := make([]Schema, 0, len(r.order))
+	for _, n := range r.order {
+		out = append(out, r.tools[n].Schema())
+	}
+	return out
+}
+
+// Has reports whether name is offered.
+func (r *Registry) Has(name string) bool { _, ok := r.tools[name]; return ok }
+
+// Call parses and validates raw arguments and runs the named tool. Unknown
+// tools and bad arguments are Results the model reads; a returned error is a
+// sandbox failure.
+func (r *Registry) Call(ctx context.Context, env *Env, name, rawArgs string) (Result, error) {
+	t, ok := r.tools[name]
+	if !ok {
+		return failf(KindUnknownTool, "unknown tool %q; the tools are: %s", name, strings.Join(r.order, ", ")), nil
+	}
+	args, err := ParseArguments(rawArgs)
+	if err != nil {
+		return failf(KindBadArguments, "%s: %v", name, err), nil
+	}
+	if err := r.specs[name].validate("", args); err != nil {
+		return failf(KindBadArguments, "%s: %v", name, err), nil
+	}
+	return t.Run(ctx, env, args)
+}
+
+// ParseArguments decodes a tool call's argument text into an object. Empty
+// text is an empty object (models often send "" for no arguments).
+func ParseArguments(raw string) (map[string]any, error) {
+	if strings.TrimSpace(raw) == "" {
+		return map[string]any{}, nil
+	}
+	dec := json.NewDecoder(strings.NewReader(raw))
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, fmt.Errorf("arguments are not valid JSON: %v", err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("arguments hold more than one JSON value")
+	}
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("arguments must be a JSON object, got %s", jsonType(v))
+	}
+	return obj, nil
+}
+
+func failf(kind, format string, args ...any) Result {
+	msg := fmt.Sprintf(format, args...)
+	return Result{ErrorKind: kind, Err: msg, Text: "error: " + msg}
+}
+
+// Builtins are the tools every episode may name, by name.
+func Builtins() map[string]Tool {
+	return map[string]Tool{
+		"bash":       Bash{},
+		"python":     Python{},
+		"read_file":  ReadFile{},
+		"write_file": WriteFile{},
+		"edit":       Edit{},
+		"run_tests":  RunTests{},
+		"finish":     FinishTool{},
+	}
+}
+
+// Select builds a registry of the named builtins (plus extra tools), in the
+// order given. An unknown name is an error naming it and the known ones.
+func Select(names []string, extra map[string]Tool) (*Registry, error) {
+	all := Builtins()
+	for k, v := range extra {
+		all[k] = v
+	}
+	var ts []Tool
+	for _, n := range names {
+		t, ok := all[n]
+		if !ok {
+			known := make([]string, 0, len(all))
+			for k := range all {
+				known = append(known, k)
+			}
+			sort.Strings(known)
+			return nil, fmt.Errorf("unknown tool %q (known: %s)", n, strings.Join(known, ", "))
+		}
+		ts = append(ts, t)
+	}
+	return NewRegistry(ts...)
+}
+
+// execResult turns a command's Result into a tool Result, with a text the
+// model reads: stdout, then stderr under a marker, then the exit status.
+func execResult(res sandbox.Result, timeout time.Duration) Result {
+	code := res.ExitCode
+	out := Result{
+		ExitCode: &code, Signal: res.Signal, TimedOut: res.TimedOut, OOMKilled: res.OOMKilled,
+		Stdout: res.Stdout, Stderr: res.Stderr, StdoutDropped: res.StdoutDropped, StderrDropped: res.StderrDropped,
+	}
+	var b bytes.Buffer
+	writeStream(&b, res.Stdout, res.StdoutDropped)
+	if len(res.Stderr) > 0 || res.StderrDropped > 0 {
+		if b.Len() > 0 && !bytes.HasSuffix(b.Bytes(), []byte("\n")) {
+			b.WriteByte('\n')
+		}
+		b.WriteString("[stderr]\n")
+		writeStream(&b, res.Stderr, res.StderrDropped)
+	}
+	if b.Len() > 0 && !bytes.HasSuffix(b.Bytes(), []byte("\n")) {
+		b.WriteByte('\n')
+	}
+	switch {
+	case res.IdleTimedOut:
+		out.ErrorKind = KindTimeout
+		out.Err = "the command printed nothing for too long and was stopped"
+		fmt.Fprintf(&b, "[stopped: no output for too long; the command and its children were killed]\n")
+	case res.TimedOut:
+		out.ErrorKind = KindTimeout
+		out.Err = fmt.Sprintf("timed out after %v", timeout)
+		fmt.Fprintf(&b, "[timed out after %v; the command and its children were killed]\n", timeout)
+	case res.OOMKilled:
+		out.ErrorKind = KindOOM
+		out.Err = "killed: out of memory"
+		b.WriteString("[killed: out of memory]\n")
+	case res.ExitCode != 0:
+		out.ErrorKind = KindNonzeroExit
+		out.Err = fmt.Sprintf("exit code %d", res.ExitCode)
+		if res.Signal != "" {
+			fmt.Fprintf(&b, "[exit code %d, killed by %s]\n", res.ExitCode, res.Signal)
+		} else {
+			fmt.Fprintf(&b, "[exit code %d]\n", res.ExitCode)
+		}
+	}
+	if res.Trap != "" {
+		fmt.Fprintf(&b, "[trap: %s]\n", res.Trap)
+	}
+	out.Text = b.String()
+	return out
+}
+
+// writeStream writes a capped stream, marking where the cap cut it.
+func writeStream(b *bytes.Buffer, data []byte, dropped int64) {
+	if dropped == 0 {
+		b.Write(data)
+		return
+	}
+	cap := len(data)
+	head := cap - cap/2
+	if head > len(data) {
+		head = len(data)
+	}
+	b.Write(data[:head])
+	fmt.Fprintf(b, "\n[... %d bytes dropped ...]\n", dropped)
+	b.Write(data[head:])
+}
