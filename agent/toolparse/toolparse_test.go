@@ -75,7 +75,7 @@ func TestParseHermes(t *testing.T) {
 			name:    "one bad block among good ones leaves everything as content",
 			text:    `<tool_call>{"name":"bash","arguments":{}}</tool_call><tool_call>{"arguments":{}}</tool_call>`,
 			content: `<tool_call>{"name":"bash","arguments":{}}</tool_call><tool_call>{"arguments":{}}</tool_call>`,
-			wantErr: `block 2 at byte 52: "name" is missing`,
+			wantErr: `block 2 at byte 53: "name" is missing`,
 		},
 		{
 			name:    "an empty name is refused",
