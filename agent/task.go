@@ -1,0 +1,395 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/rollbox/rollbox/agent/reward"
+	"github.com/rollbox/rollbox/sandbox"
+)
+
+// Task is one line of a task file.
+type Task struct {
+	ID     string `json:"id"`
+	Prompt string `json:"prompt"`
+	// System replaces the default system prompt.
+	System  string      `json:"system,omitempty"`
+	Sandbox TaskSandbox `json:"sandbox"`
+	// Files are seeded before the episode starts (path → UTF-8 content);
+	// FilesBase64 holds binary ones.
+	Files       map[string]string `json:"files,omitempty"`
+	FilesBase64 map[string]string `json:"files_base64,omitempty"`
+	Workspace   *Workspace        `json:"workspace,omitempty"`
+	Tools       []string          `json:"tools,omitempty"`
+	Reward      reward.Spec       `json:"reward"`
+	Limits      EpisodeLimits     `json:"limits"`
+	Retriever   *Retriever        `json:"retriever,omitempty"`
+	// Seed is passed to the policy's sampling when set, and pinned in the trajectory.
+	Seed     *int64         `json:"seed,omitempty"`
+	Metadata map[string]any `json:"metadata,omitempty"`
+
+	// dir is the task file's directory: relative workspace paths resolve there.
+	dir string
+}
+
+// TaskSandbox is a task's "sandbox" object.
+type TaskSandbox struct {
+	Backend string            `json:"backend,omitempty"`
+	Image   string            `json:"image,omitempty"`
+	Runtime string            `json:"runtime,omitempty"`
+	Network string            `json:"network,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	Workdir string            `json:"workdir,omitempty"`
+	Limits  TaskLimits        `json:"limits"`
+}
+
+// TaskLimits are a task's sandbox limits in the task file's units.
+type TaskLimits struct {
+	CPUs         float64 `json:"cpus,omitempty"`
+	MemoryMB     int     `json:"memory_mb,omitempty"`
+	PIDs         int     `json:"pids,omitempty"`
+	DiskMB       int     `json:"disk_mb,omitempty"`
+	TmpMB        int     `json:"tmp_mb,omitempty"`
+	ExecTimeoutS float64 `json:"exec_timeout_s,omitempty"`
+}
+
+// Workspace copies a host tree (a directory or a .tar) in before the episode.
+type Workspace struct {
+	From string `json:"from"`
+	To   string `json:"to,omitempty"`
+}
+
+// Retriever names a search task's index.
+type Retriever struct {
+	Index string `json:"index"`
+	// ContextTokens is the budget of documents held in context (default: the
+	// episode's max_context_tokens / 2).
+	ContextTokens int64 `json:"context_tokens,omitempty"`
+}
+
+// EpisodeLimits bound one episode.
+type EpisodeLimits struct {
+	MaxTurns           int `json:"max_turns,omitempty"`
+	MaxToolOutputBytes int `json:"max_tool_output_bytes,omitempty"`
+	MaxContextTokens   int `json:"max_context_tokens,omitempty"`
+	// ContextOverflow is "end" (default) or "truncate" (drop the oldest tool
+	// outputs from the context until it fits).
+	ContextOverflow string  `json:"context_overflow,omitempty"`
+	EpisodeTimeoutS float64 `json:"episode_timeout_s,omitempty"`
+	// IdleTimeoutS stops a command that prints nothing for that long.
+	IdleTimeoutS float64 `json:"idle_timeout_s,omitempty"`
+	// MaxStoredOutputBytes caps each stream of a command kept in the
+	// trajectory (head and tail); what it drops is counted.
+	MaxStoredOutputBytes int `json:"max_stored_output_bytes,omitempty"`
+}
+
+// Episode limit defaults.
+const (
+	DefaultMaxTurns             = 30
+	DefaultMaxToolOutputBytes   = 16384
+	DefaultMaxContextTokens     = 32768
+	DefaultEpisodeTimeout       = 30 * time.Minute
+	DefaultMaxStoredOutputBytes = 1 << 20
+)
+
+// DefaultTools are offered when a task names none.
+var DefaultTools = []string{"bash", "read_file", "write_file", "edit", "run_tests", "finish"}
+
+var taskIDRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// WithDefaults fills unset limits and tools.
+func (t *Task) WithDefaults() {
+	l := &t.Limits
+	if l.MaxTurns == 0 {
+		l.MaxTurns = DefaultMaxTurns
+	}
+	if l.MaxToolOutputBytes == 0 {
+		l.MaxToolOutputBytes = DefaultMaxToolOutputBytes
+	}
+	if l.MaxContextTokens == 0 {
+		l.MaxContextTokens = DefaultMaxContextTokens
+	}
+	if l.ContextOverflow == "" {
+		l.ContextOverflow = "end"
+	}
+	if l.EpisodeTimeoutS == 0 {
+		l.EpisodeTimeoutS = DefaultEpisodeTimeout.Seconds()
+	}
+	if l.MaxStoredOutputBytes == 0 {
+		l.MaxStoredOutputBytes = DefaultMaxStoredOutputBytes
+	}
+	if len(t.Tools) == 0 {
+		t.Tools = append([]string{}, DefaultTools...)
+		if t.Reward.TestCommand() == "" {
+			t.Tools = removeString(t.Tools, "run_tests")
+		}
+	}
+}
+
+func removeString(ss []string, s string) []string {
+	out := ss[:0]
+	for _, x := range ss {
+		if x != s {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// SandboxSpec is the sandbox the task asks for.
+func (t *Task) SandboxSpec() sandbox.Spec {
+	s := t.Sandbox
+	return sandbox.Spec{
+		Image: s.Image, Runtime: s.Runtime, Network: s.Network, Env: s.Env, Workdir: s.Workdir,
+		Limits: sandbox.Limits{
+			CPUs: s.Limits.CPUs, MemoryMB: s.Limits.MemoryMB, PIDs: s.Limits.PIDs,
+			DiskMB: s.Limits.DiskMB, TmpMB: s.Limits.TmpMB,
+			ExecTimeout: time.Duration(s.Limits.ExecTimeoutS * float64(time.Second)),
+		},
+	}
+}
+
+// Validate checks every field; the error names the field.
+func (t *Task) Validate(knownTools func(string) bool) error {
+	if t.ID == "" {
+		return errors.New("id: required")
+	}
+	if !taskIDRe.MatchString(t.ID) {
+		return fmt.Errorf("id %q: use letters, digits, '.', '_' and '-' (at most 128, not starting with a symbol)", t.ID)
+	}
+	if strings.TrimSpace(t.Prompt) == "" {
+		return errors.New("prompt: required")
+	}
+	switch t.Sandbox.Backend {
+	case "", "wasm", "docker":
+	default:
+		return fmt.Errorf("sandbox.backend %q is not one of wasm, docker", t.Sandbox.Backend)
+	}
+	if t.Sandbox.Limits.ExecTimeoutS < 0 {
+		return fmt.Errorf("sandbox.limits.exec_timeout_s: %v is negative", t.Sandbox.Limits.ExecTimeoutS)
+	}
+	if err := t.SandboxSpec().Validate(); err != nil {
+		var fe *sandbox.FieldError
+		if errors.As(err, &fe) {
+			return fmt.Errorf("sandbox.%s: %s", fe.Field, fe.Message)
+		}
+		return err
+	}
+	for p := range t.Files {
+		if !path.IsAbs(p) || path.Clean(p) != p {
+			return fmt.Errorf("files: %q is not a clean absolute path", p)
+		}
+	}
+	for p, b := range t.FilesBase64 {
+		if !path.IsAbs(p) || path.Clean(p) != p {
+			return fmt.Errorf("files_base64: %q is not a clean absolute path", p)
+		}
+		if _, err := base64.StdEncoding.DecodeString(b); err != nil {
+			return fmt.Errorf("files_base64[%q]: %v", p, err)
+		}
+		if _, dup := t.Files[p]; dup {
+			return fmt.Errorf("files_base64[%q]: also given in files", p)
+		}
+	}
+	if t.Workspace != nil {
+		if t.Workspace.From == "" {
+			return errors.New("workspace.from: required")
+		}
+		if t.Workspace.To != "" && !path.IsAbs(t.Workspace.To) {
+			return fmt.Errorf("workspace.to: %q is not absolute", t.Workspace.To)
+		}
+		if _, err := os.Stat(t.WorkspacePath()); err != nil {
+			return fmt.Errorf("workspace.from: %v", err)
+		}
+	}
+	seen := map[string]bool{}
+	for i, name := range t.Tools {
+		if knownTools != nil && !knownTools(name) {
+			return fmt.Errorf("tools[%d]: unknown tool %q", i, name)
+		}
+		if seen[name] {
+			return fmt.Errorf("tools[%d]: %q named twice", i, name)
+		}
+		seen[name] = true
+	}
+	if err := t.Reward.Validate("reward"); err != nil {
+		return err
+	}
+	if seen["run_tests"] && t.Reward.TestCommand() == "" {
+		return errors.New("tools: run_tests needs a reward of type tests (its command is what run_tests runs)")
+	}
+	l := t.Limits
+	switch {
+	case l.MaxTurns < 0 || l.MaxTurns > 10000:
+		return fmt.Errorf("limits.max_turns: %d is outside 1..10000", l.MaxTurns)
+	case l.MaxToolOutputBytes < 0:
+		return fmt.Errorf("limits.max_tool_output_bytes: %d is negative", l.MaxToolOutputBytes)
+	case l.MaxToolOutputBytes > 0 && l.MaxToolOutputBytes < 64:
+		return fmt.Errorf("limits.max_tool_output_bytes: %d is below the minimum of 64", l.MaxToolOutputBytes)
+	case l.MaxContextTokens < 0:
+		return fmt.Errorf("limits.max_context_tokens: %d is negative", l.MaxContextTokens)
+	case l.EpisodeTimeoutS < 0:
+		return fmt.Errorf("limits.episode_timeout_s: %v is negative", l.EpisodeTimeoutS)
+	case l.IdleTimeoutS < 0:
+		return fmt.Errorf("limits.idle_timeout_s: %v is negative", l.IdleTimeoutS)
+	case l.MaxStoredOutputBytes < 0:
+		return fmt.Errorf("limits.max_stored_output_bytes: %d is negative", l.MaxStoredOutputBytes)
+	}
+	switch l.ContextOverflow {
+	case "", "end", "truncate":
+	default:
+		return fmt.Errorf("limits.context_overflow %q is not one of end, truncate", l.ContextOverflow)
+	}
+	if t.Retriever != nil && t.Retriever.Index == "" {
+		return errors.New("retriever.index: required")
+	}
+	return nil
+}
+
+// WorkspacePath is the workspace source resolved against the task file's directory.
+func (t *Task) WorkspacePath() string {
+	if t.Workspace == nil {
+		return ""
+	}
+	if filepath.IsAbs(t.Workspace.From) || t.dir == "" {
+		return t.Workspace.From
+	}
+	return filepath.Join(t.dir, t.Workspace.From)
+}
+
+// SeedFiles returns the files the task seeds: inline ones and the workspace.
+func (t *Task) SeedFiles(workdir string) ([]sandbox.File, error) {
+	var out []sandbox.File
+	if t.Workspace != nil {
+		to := t.Workspace.To
+		if to == "" {
+			to = workdir
+		}
+		fs, err := sandbox.FilesFromHost(t.WorkspacePath(), to)
+		if err != nil {
+			return nil, fmt.Errorf("task %q workspace: %w", t.ID, err)
+		}
+		out = append(out, fs...)
+	}
+	for p, c := range t.Files {
+		out = append(out, sandbox.File{Path: p, Data: []byte(c), Mode: 0o644})
+	}
+	for p, c := range t.FilesBase64 {
+		b, _ := base64.StdEncoding.DecodeString(c)
+		out = append(out, sandbox.File{Path: p, Data: b, Mode: 0o644})
+	}
+	return out, nil
+}
+
+// Hash is the sha256 of the task's canonical JSON.
+func (t *Task) Hash() string {
+	b, _ := json.Marshal(t)
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// ParseTask decodes one task, refusing unknown fields, and validates it.
+// Relative workspace paths resolve against dir.
+func ParseTask(line []byte, dir string, knownTools func(string) bool) (*Task, error) {
+	t, err := decodeTask(line)
+	if err != nil {
+		return t, err
+	}
+	t.dir = dir
+	if err := t.Validate(knownTools); err != nil {
+		return t, err
+	}
+	t.WithDefaults()
+	return t, nil
+}
+
+func decodeTask(line []byte) (*Task, error) {
+	var t Task
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&t); err != nil {
+		return nil, describeJSONError(err)
+	}
+	if dec.More() {
+		return nil, errors.New("more than one JSON value on the line")
+	}
+	return &t, nil
+}
+
+func describeJSONError(err error) error {
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case errors.As(err, &te):
+		return fmt.Errorf("%s: want %s, got JSON %s", te.Field, te.Type, te.Value)
+	case errors.As(err, &se):
+		return fmt.Errorf("not valid JSON at byte %d: %v", se.Offset, err)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return fmt.Errorf("unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
+	}
+	return fmt.Errorf("not valid JSON: %v", err)
+}
+
+// LoadTasks reads a JSONL task file whole. Any bad line refuses the file,
+// naming the line, the task and the field; duplicate ids are refused.
+func LoadTasks(file string, knownTools func(string) bool) ([]*Task, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return ReadTasks(f, file, knownTools)
+}
+
+// ReadTasks is LoadTasks over a reader; name is used in messages and its
+// directory resolves relative workspace paths.
+func ReadTasks(r io.Reader, name string, knownTools func(string) bool) ([]*Task, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 256<<20)
+	var out []*Task
+	ids := map[string]int{}
+	n := 0
+	for sc.Scan() {
+		n++
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 || line[0] == '#' {
+			continue
+		}
+		dir := ""
+		if name != "" {
+			dir = filepath.Dir(name)
+		}
+		t, err := ParseTask(line, dir, knownTools)
+		if err != nil {
+			if t != nil && t.ID != "" {
+				return nil, fmt.Errorf("%s line %d: task %q: %w", name, n, t.ID, err)
+			}
+			return nil, fmt.Errorf("%s line %d: %w", name, n, err)
+		}
+		if prev, dup := ids[t.ID]; dup {
+			return nil, fmt.Errorf("%s line %d: task id %q already used on line %d", name, n, t.ID, prev)
+		}
+		ids[t.ID] = n
+		out = append(out, t)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s line %d: %w", name, n+1, err)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: no tasks", name)
+	}
+	return out, nil
+}

@@ -1,0 +1,304 @@
+package runtime
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/rollbox/rollbox/agent"
+	"github.com/rollbox/rollbox/agent/trajectory"
+)
+
+// BatchConfig is one `rollbox run`.
+type BatchConfig struct {
+	Tasks []*agent.Task
+	// Group is the number of episodes per task (a GRPO group); default 1.
+	Group int
+	// Concurrency bounds episodes in flight; default 4.
+	Concurrency int
+	// OutDir receives episodes/<episode_id>.json and summary.json.
+	OutDir     string
+	Backend    string
+	NewSandbox agent.SandboxFactory
+	Policy     agent.Policy
+	PolicyInfo trajectory.Policy
+	Sampling   agent.Sampling
+	// RolloutID defaults to a fresh id.
+	RolloutID string
+	// OnEpisode, if set, is called as each episode ends (progress).
+	OnEpisode func(t *trajectory.Trajectory, done, total int)
+	// OnStep, if set, sees every recorded step (metrics, live summary).
+	OnStep func(trajectory.Step)
+	// ConfigureEpisode, if set, may adjust each episode's config (extra tools).
+	ConfigureEpisode func(cfg *agent.Config) error
+}
+
+// Summary is summary.json.
+type Summary struct {
+	Schema     string                  `json:"schema"`
+	RolloutID  string                  `json:"rollout_id"`
+	Episodes   int                     `json:"episodes"`
+	Scored     int                     `json:"scored"`
+	RewardMean float64                 `json:"reward_mean"`
+	PassRate   float64                 `json:"pass_rate"`
+	Tasks      map[string]*TaskSummary `json:"tasks"`
+	Ends       map[string]int          `json:"ends"`
+	ToolErrors map[string]int          `json:"tool_errors"`
+	Groups     []GroupSummary          `json:"groups"`
+	WallTimeS  float64                 `json:"wall_time_s"`
+	StartedAt  time.Time               `json:"started_at"`
+}
+
+// TaskSummary is one task's line of the summary.
+type TaskSummary struct {
+	Episodes   int     `json:"episodes"`
+	Scored     int     `json:"scored"`
+	RewardMean float64 `json:"reward_mean"`
+	PassRate   float64 `json:"pass_rate"`
+}
+
+// GroupSummary has a group's GRPO statistics.
+type GroupSummary struct {
+	GroupID      string    `json:"group_id"`
+	TaskID       string    `json:"task_id"`
+	RewardMean   float64   `json:"reward_mean"`
+	RewardStd    float64   `json:"reward_std"`
+	ZeroVariance bool      `json:"zero_variance"`
+	Advantages   []float64 `json:"advantages"`
+	// Unscored counts episodes that ended for infrastructure reasons and are
+	// left out of the statistics.
+	Unscored int `json:"unscored"`
+}
+
+// NewID returns a short random id with a prefix.
+func NewID(prefix string) string {
+	var b [6]byte
+	rand.Read(b[:])
+	return prefix + time.Now().UTC().Format("20060102T150405") + "-" + hex.EncodeToString(b[:])
+}
+
+// RunBatch runs every task × group and writes the trajectories and the
+// summary. It returns an error only when records cannot be written.
+func RunBatch(ctx context.Context, cfg BatchConfig) (*Summary, error) {
+	if cfg.Group <= 0 {
+		cfg.Group = 1
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 4
+	}
+	if cfg.RolloutID == "" {
+		cfg.RolloutID = NewID("r")
+	}
+	dir := filepath.Join(cfg.OutDir, "episodes")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	type job struct {
+		task  *agent.Task
+		index int
+	}
+	total := len(cfg.Tasks) * cfg.Group
+	jobs := make(chan job)
+	results := make([]*trajectory.Trajectory, 0, total)
+	var mu sync.Mutex
+	var firstErr error
+	var wg sync.WaitGroup
+	for range min(cfg.Concurrency, total) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range jobs {
+				ecfg := agent.Config{
+					Task:       j.task,
+					EpisodeID:  fmt.Sprintf("%s.%s.%d", cfg.RolloutID, j.task.ID, j.index),
+					RolloutID:  cfg.RolloutID,
+					GroupID:    cfg.RolloutID + "." + j.task.ID,
+					GroupIndex: j.index,
+					Seed:       int64(j.index),
+					Dir:        dir,
+					Backend:    cfg.Backend,
+					NewSandbox: cfg.NewSandbox,
+					Policy:     cfg.Policy,
+					PolicyInfo: cfg.PolicyInfo,
+					Sampling:   cfg.Sampling,
+					Observe:    cfg.OnStep,
+				}
+				var t *trajectory.Trajectory
+				err := func() error {
+					if cfg.ConfigureEpisode != nil {
+						if err := cfg.ConfigureEpisode(&ecfg); err != nil {
+							return err
+						}
+					}
+					var err error
+					t, err = agent.Run(ctx, ecfg)
+					return err
+				}()
+				mu.Lock()
+				if err != nil {
+					if firstErr == nil {
+						firstErr = fmt.Errorf("episode %s: %w", ecfg.EpisodeID, err)
+					}
+				} else {
+					results = append(results, t)
+				}
+				done := len(results)
+				mu.Unlock()
+				if t != nil && cfg.OnEpisode != nil {
+					cfg.OnEpisode(t, done, total)
+				}
+			}
+		}()
+	}
+feed:
+	for _, t := range cfg.Tasks {
+		for g := range cfg.Group {
+			select {
+			case jobs <- job{t, g}:
+			case <-ctx.Done():
+				break feed
+			}
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	sum := Summarize(cfg.RolloutID, results)
+	sum.StartedAt = start.UTC()
+	sum.WallTimeS = time.Since(start).Seconds()
+	if err := writeJSON(filepath.Join(cfg.OutDir, "summary.json"), sum); err != nil {
+		return sum, err
+	}
+	if firstErr == nil && ctx.Err() != nil && len(results) < total {
+		firstErr = fmt.Errorf("cancelled with %d of %d episodes started: %w", len(results), total, ctx.Err())
+	}
+	return sum, firstErr
+}
+
+// Summarize computes a summary over trajectories.
+func Summarize(rolloutID string, ts []*trajectory.Trajectory) *Summary {
+	s := &Summary{Schema: "rollbox.summary/v1", RolloutID: rolloutID, Tasks: map[string]*TaskSummary{},
+		Ends: map[string]int{}, ToolErrors: map[string]int{}, Groups: []GroupSummary{}}
+	var sum float64
+	var pass int
+	groups := map[string][]*trajectory.Trajectory{}
+	for _, t := range ts {
+		s.Episodes++
+		ts := s.Tasks[t.TaskID]
+		if ts == nil {
+			ts = &TaskSummary{}
+			s.Tasks[t.TaskID] = ts
+		}
+		ts.Episodes++
+		if t.Termination != nil {
+			s.Ends[t.Termination.Reason]++
+		}
+		for k, v := range t.Stats.ToolErrors {
+			s.ToolErrors[k] += v
+		}
+		if t.Reward != nil {
+			s.Scored++
+			ts.Scored++
+			sum += t.Reward.Total
+			ts.RewardMean += t.Reward.Total
+			if t.Reward.Total >= 1 {
+				pass++
+				ts.PassRate++
+			}
+		}
+		groups[t.GroupID] = append(groups[t.GroupID], t)
+	}
+	if s.Scored > 0 {
+		s.RewardMean = sum / float64(s.Scored)
+		s.PassRate = float64(pass) / float64(s.Scored)
+	}
+	for _, ts := range s.Tasks {
+		if ts.Scored > 0 {
+			ts.RewardMean /= float64(ts.Scored)
+			ts.PassRate /= float64(ts.Scored)
+		}
+	}
+	ids := make([]string, 0, len(groups))
+	for id := range groups {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		g := groups[id]
+		sort.Slice(g, func(i, j int) bool { return g[i].GroupIndex < g[j].GroupIndex })
+		st := GroupStatistics(g)
+		gs := GroupSummary{GroupID: id, TaskID: g[0].TaskID, RewardMean: st.RewardMean, RewardStd: st.RewardStd, ZeroVariance: st.ZeroVariance}
+		for _, t := range g {
+			if t.Reward == nil {
+				gs.Unscored++
+				gs.Advantages = append(gs.Advantages, 0)
+			} else {
+				gs.Advantages = append(gs.Advantages, t.Reward.Total-st.RewardMean)
+			}
+		}
+		s.Groups = append(s.Groups, gs)
+	}
+	return s
+}
+
+// GroupStats are a group's GRPO statistics over its scored episodes:
+// the advantage of an episode is its reward minus the group mean (no
+// division by the std, as Dr. GRPO and CISPO-style trainers use), and a
+// group whose rewards are all equal is flagged zero-variance (it carries no
+// learning signal and a trainer may drop it).
+type GroupStats struct {
+	RewardMean   float64
+	RewardStd    float64
+	ZeroVariance bool
+	Scored       int
+}
+
+// GroupStatistics computes GroupStats; unscored (infrastructure-ended)
+// episodes are left out.
+func GroupStatistics(g []*trajectory.Trajectory) GroupStats {
+	var st GroupStats
+	var rs []float64
+	for _, t := range g {
+		if t.Reward != nil {
+			rs = append(rs, t.Reward.Total)
+		}
+	}
+	st.Scored = len(rs)
+	if len(rs) == 0 {
+		st.ZeroVariance = true
+		return st
+	}
+	for _, r := range rs {
+		st.RewardMean += r
+	}
+	st.RewardMean /= float64(len(rs))
+	for _, r := range rs {
+		st.RewardStd += (r - st.RewardMean) * (r - st.RewardMean)
+	}
+	st.RewardStd = math.Sqrt(st.RewardStd / float64(len(rs)))
+	st.ZeroVariance = st.RewardStd < 1e-12
+	return st
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+var _ = errors.New
