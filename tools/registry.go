@@ -279,3 +279,8 @@ func writeStream(b *bytes.Buffer, data []byte, dropped int64) {
 	fmt.Fprintf(b, "\n[... %d bytes dropped ...]\n", dropped)
 	b.Write(data[head:])
 }
+
+// DefaultToolNames lists the builtin tools in their usual order.
+func DefaultToolNames() []string {
+	return []string{"bash", "python", "read_file", "write_file", "edit", "run_tests", "finish"}
+}

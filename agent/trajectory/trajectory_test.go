@@ -1,0 +1,87 @@
+package trajectory
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestBytesSurviveJSONLosslessly(t *testing.T) {
+	for _, b := range [][]byte{[]byte("plain text\n"), {0xff, 0xfe, 0, 'a'}, {}, []byte("é\xc3")} {
+		in := Bytes(b)
+		data, err := json.Marshal(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out Bytes
+		if err := json.Unmarshal(data, &out); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(out, b) {
+			t.Errorf("%q round-tripped to %q via %s", b, out, data)
+		}
+	}
+}
+
+func TestWriterJournalsStepsAndRecoverMarksInterrupted(t *testing.T) {
+	dir := t.TempDir()
+	w, err := NewWriter(dir, &Trajectory{EpisodeID: "ep1", TaskID: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.SetSandbox(Sandbox{Backend: "wasm"})
+	w.Step(Step{Type: StepModel, Content: "hi"})
+	w.Step(Step{Type: StepTool, Name: "bash", Output: "out", Stdout: NewBytes([]byte{0xff})})
+	// Simulate a crash with a torn last line.
+	f, _ := os.OpenFile(filepath.Join(dir, "ep1"+PartialSuffix), os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString(`{"k":"step","v":{"ty`)
+	f.Close()
+
+	got, err := RecoverDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 {
+		t.Fatalf("recovered %d", len(got))
+	}
+	tr, err := Read(filepath.Join(dir, "ep1.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Termination == nil || tr.Termination.Reason != EndInterrupted || len(tr.Steps) != 2 || tr.Sandbox.Backend != "wasm" {
+		t.Fatalf("recovered %+v", tr)
+	}
+	if !bytes.Equal(*tr.Steps[1].Stdout, []byte{0xff}) {
+		t.Errorf("stdout %q", *tr.Steps[1].Stdout)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "ep1"+PartialSuffix)); !os.IsNotExist(err) {
+		t.Errorf("journal not removed: %v", err)
+	}
+}
+
+func TestWriterEndWritesTheFinalDocument(t *testing.T) {
+	dir := t.TempDir()
+	w, _ := NewWriter(dir, &Trajectory{EpisodeID: "ep2"})
+	w.Step(Step{Type: StepModel})
+	if err := w.End(&Termination{Reason: EndFinished}, &Reward{Total: 1, Components: map[string]float64{"tests": 1}}, Stats{Turns: 1}); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := Read(w.Path())
+	if err != nil || tr.Reward.Total != 1 || tr.Schema != Schema {
+		t.Fatalf("%+v %v", tr, err)
+	}
+	if matches, _ := filepath.Glob(filepath.Join(dir, "*.partial")); len(matches) != 0 {
+		t.Errorf("journal left: %v", matches)
+	}
+}
+
+func TestReadRefusesANewerSchema(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "t.json")
+	os.WriteFile(p, []byte(`{"schema": "rollbox.trajectory/v2"}`), 0o644)
+	if _, err := Read(p); !errors.Is(err, ErrNewerSchema) {
+		t.Fatalf("err = %v", err)
+	}
+}
