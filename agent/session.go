@@ -271,6 +271,7 @@ func (s *Session) stepLocked(ctx context.Context, turn Turn) ([]ToolOutcome, err
 	if len(turn.Logprobs) > 0 {
 		step.Logprobs, _ = json.Marshal(turn.Logprobs)
 	}
+	step.PromptTokenIDs, step.CompletionTokenIDs = turn.PromptTokenIDs, turn.CompletionTokenIDs
 	s.record(step)
 	s.stats.Turns++
 	s.stats.PolicyMS += ms(turn.Latency)

@@ -67,6 +67,7 @@ func Turns(t *trajectory.Trajectory) []agent.Turn {
 		if s.Usage != nil && !s.Usage.Estimated {
 			turn.Usage = &agent.Usage{PromptTokens: s.Usage.PromptTokens, CompletionTokens: s.Usage.CompletionTokens, TotalTokens: s.Usage.TotalTokens}
 		}
+		turn.PromptTokenIDs, turn.CompletionTokenIDs = s.PromptTokenIDs, s.CompletionTokenIDs
 		if len(s.Logprobs) > 0 {
 			json.Unmarshal(s.Logprobs, &turn.Logprobs)
 		}

@@ -135,8 +135,12 @@ type Step struct {
 	Model             string          `json:"model,omitempty"`
 	Usage             *Usage          `json:"usage,omitempty"`
 	Logprobs          json.RawMessage `json:"logprobs,omitempty"`
-	Raw               json.RawMessage `json:"raw,omitempty"`
-	Attempts          int             `json:"attempts,omitempty"`
+	// PromptTokenIDs and CompletionTokenIDs are the server's own token ids,
+	// when it returned them.
+	PromptTokenIDs     []int64         `json:"prompt_token_ids,omitempty"`
+	CompletionTokenIDs []int64         `json:"completion_token_ids,omitempty"`
+	Raw                json.RawMessage `json:"raw,omitempty"`
+	Attempts           int             `json:"attempts,omitempty"`
 
 	// Tool result fields.
 	CallID string `json:"call_id,omitempty"`
@@ -210,12 +214,12 @@ type Reward struct {
 
 // Verifier is a command the reward ran.
 type Verifier struct {
-	Command    string  `json:"command"`
-	ExitCode   int     `json:"exit_code"`
-	TimedOut   bool    `json:"timed_out,omitempty"`
-	Stdout     *Bytes  `json:"stdout,omitempty"`
-	Stderr     *Bytes  `json:"stderr,omitempty"`
-	DurationMS float64 `json:"duration_ms"`
+	Command    string   `json:"command"`
+	ExitCode   int      `json:"exit_code"`
+	TimedOut   bool     `json:"timed_out,omitempty"`
+	Stdout     *Bytes   `json:"stdout,omitempty"`
+	Stderr     *Bytes   `json:"stderr,omitempty"`
+	DurationMS float64  `json:"duration_ms"`
 	Restored   []string `json:"restored,omitempty"`
 	Removed    []string `json:"removed,omitempty"`
 }
