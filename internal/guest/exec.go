@@ -1,0 +1,284 @@
+//go:build linux
+
+package guest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/rollbox/rollbox/internal/guestproto"
+	"github.com/rollbox/rollbox/sandbox"
+)
+
+// drainGrace is how long output pipes may stay open after a command and its
+// leftovers were killed (a process that escaped with our pipe).
+const drainGrace = 2 * time.Second
+
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// run executes one command to its end and describes what it did. ctx ends
+// when the host cancels the request or the guest shuts down: the command is
+// killed as on a timeout.
+func (s *Server) run(ctx context.Context, req *guestproto.Exec) (*guestproto.ExecResult, error) {
+	argv := req.Argv
+	if req.Shell != "" {
+		if len(argv) > 0 {
+			return nil, invalid("exec: both argv and shell are set")
+		}
+		argv = []string{"/bin/sh", "-c", req.Shell}
+	}
+	if len(argv) == 0 || argv[0] == "" {
+		return nil, invalid("exec: no program")
+	}
+	if req.Workdir != "" {
+		if st, err := os.Stat(req.Workdir); err != nil || !st.IsDir() {
+			return nil, invalid(fmt.Sprintf("exec: workdir %q is not a directory", req.Workdir))
+		}
+	}
+	start := time.Now()
+	outCap := int(min(req.OutputCap, sandbox.MaxFileBytes))
+	if outCap <= 0 {
+		outCap = sandbox.DefaultOutputBytes
+	}
+	stdout, stderr := sandbox.NewCapture(outCap), sandbox.NewCapture(outCap)
+	res := &guestproto.ExecResult{}
+	finish := func() *guestproto.ExecResult {
+		res.Stdout, res.Stderr = stdout.Bytes(), stderr.Bytes()
+		res.StdoutDropped, res.StderrDropped = stdout.Dropped(), stderr.Dropped()
+		res.Duration = max(time.Since(start), time.Nanosecond)
+		return res
+	}
+	path, err := lookPath(argv[0], req.Env, req.Workdir)
+	if err != nil {
+		fmt.Fprintf(stderr, "rollbox: %s: %v\n", argv[0], err)
+		res.ExitCode = 127
+		if errors.Is(err, errNotExecutable) {
+			res.ExitCode = 126
+		}
+		return finish(), nil
+	}
+
+	// Pipes: the child's ends go to the fork, ours are read until EOF.
+	var stdinR *os.File
+	var stdinW *os.File
+	if len(req.Stdin) > 0 {
+		if stdinR, stdinW, err = os.Pipe(); err != nil {
+			return nil, err
+		}
+	} else if stdinR, err = os.Open(os.DevNull); err != nil {
+		return nil, err
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		stdinR.Close()
+		return nil, err
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		stdinR.Close()
+		outR.Close()
+		outW.Close()
+		return nil, err
+	}
+	oomBefore := s.oom.count()
+	pid, status, err := s.procs.spawn(path, argv, req.Env, req.Workdir, []uintptr{stdinR.Fd(), outW.Fd(), errW.Fd()})
+	stdinR.Close()
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		if stdinW != nil {
+			stdinW.Close()
+		}
+		fmt.Fprintf(stderr, "rollbox: %s: %v\n", argv[0], err)
+		res.ExitCode = 127
+		if errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.ENOEXEC) {
+			res.ExitCode = 126
+		}
+		return finish(), nil
+	}
+	cmd := &command{pid: pid}
+	s.guardAdd(cmd)
+	defer s.guardRemove(cmd)
+
+	if stdinW != nil {
+		go func() { // ends when the data is written or the child is gone
+			stdinW.Write(req.Stdin)
+			stdinW.Close()
+		}()
+	}
+	var lastOutput atomic.Int64
+	lastOutput.Store(time.Now().UnixNano())
+	var readers sync.WaitGroup
+	for _, p := range []struct {
+		r *os.File
+		w io.Writer
+	}{{outR, stdout}, {errR, stderr}} {
+		readers.Add(1)
+		go func() {
+			defer readers.Done()
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := p.r.Read(buf)
+				if n > 0 {
+					p.w.Write(buf[:n])
+					lastOutput.Store(time.Now().UnixNano())
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+
+	timeout := req.Timeout
+	if timeout <= 0 {
+		timeout = sandbox.DefaultExecTimeout
+	}
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	var idle <-chan time.Time
+	var idleTimer *time.Timer
+	if req.IdleTimeout > 0 {
+		idleTimer = time.NewTimer(req.IdleTimeout)
+		defer idleTimer.Stop()
+		idle = idleTimer.C
+	}
+	var ws syscall.WaitStatus
+wait:
+	for {
+		select {
+		case ws = <-status:
+			break wait
+		case <-deadline.C:
+			res.TimedOut = true
+			s.procs.killSession(pid)
+		case <-idle:
+			since := time.Since(time.Unix(0, lastOutput.Load()))
+			if since < req.IdleTimeout {
+				idleTimer.Reset(req.IdleTimeout - since)
+				continue
+			}
+			res.TimedOut, res.IdleTimedOut = true, true
+			s.procs.killSession(pid)
+			idle = nil
+		case <-ctx.Done():
+			s.procs.killSession(pid)
+			ctx = context.Background() // killed once; now wait for the status
+		}
+	}
+	// The command is over: nothing it started may outlive it, and its pipes
+	// must reach EOF.
+	s.procs.ended(pid)
+	s.procs.sweep()
+	drained := make(chan struct{})
+	go func() { readers.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(drainGrace):
+		outR.SetReadDeadline(time.Now())
+		errR.SetReadDeadline(time.Now())
+		<-drained
+	}
+	outR.Close()
+	errR.Close()
+
+	switch {
+	case ws.Signaled():
+		sig := ws.Signal()
+		res.Signal = signalName(sig)
+		res.ExitCode = 128 + int(sig)
+	case ws.Exited():
+		res.ExitCode = ws.ExitStatus()
+	}
+	killed := (ws.Signaled() && ws.Signal() == syscall.SIGKILL) || res.ExitCode == 128+int(syscall.SIGKILL)
+	if cmd.oomKilled.Load() || (killed && !res.TimedOut && s.oom.count() > oomBefore) {
+		res.OOMKilled = true
+	}
+	return finish(), nil
+}
+
+// command is a running command, as the memory guard sees it.
+type command struct {
+	pid       int
+	oomKilled atomic.Bool
+}
+
+var errNotExecutable = errors.New("permission denied")
+
+// lookPath finds prog the way a shell would: a name with a slash is used as
+// is (relative to dir), anything else is searched in the command's PATH.
+func lookPath(prog string, env []string, dir string) (string, error) {
+	if strings.Contains(prog, "/") {
+		p := prog
+		if !filepath.IsAbs(p) && dir != "" {
+			p = filepath.Join(dir, p)
+		}
+		return p, checkExecutable(p)
+	}
+	pathVar := defaultPath
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			pathVar = v
+		}
+	}
+	denied := false
+	for _, d := range filepath.SplitList(pathVar) {
+		if d == "" {
+			d = "."
+		}
+		p := filepath.Join(d, prog)
+		if !filepath.IsAbs(p) && dir != "" {
+			p = filepath.Join(dir, p)
+		}
+		switch err := checkExecutable(p); {
+		case err == nil:
+			return p, nil
+		case errors.Is(err, errNotExecutable):
+			denied = true
+		}
+	}
+	if denied {
+		return "", errNotExecutable
+	}
+	return "", errors.New("command not found")
+}
+
+func checkExecutable(p string) error {
+	st, err := os.Stat(p)
+	if err != nil {
+		return errors.New("command not found")
+	}
+	if st.IsDir() || syscall.Access(p, 1 /* X_OK */) != nil {
+		return errNotExecutable
+	}
+	return nil
+}
+
+var signalNames = map[syscall.Signal]string{
+	syscall.SIGHUP: "SIGHUP", syscall.SIGINT: "SIGINT", syscall.SIGQUIT: "SIGQUIT", syscall.SIGILL: "SIGILL",
+	syscall.SIGTRAP: "SIGTRAP", syscall.SIGABRT: "SIGABRT", syscall.SIGBUS: "SIGBUS", syscall.SIGFPE: "SIGFPE",
+	syscall.SIGKILL: "SIGKILL", syscall.SIGUSR1: "SIGUSR1", syscall.SIGSEGV: "SIGSEGV", syscall.SIGUSR2: "SIGUSR2",
+	syscall.SIGPIPE: "SIGPIPE", syscall.SIGALRM: "SIGALRM", syscall.SIGTERM: "SIGTERM", syscall.SIGSTKFLT: "SIGSTKFLT",
+	syscall.SIGCHLD: "SIGCHLD", syscall.SIGCONT: "SIGCONT", syscall.SIGSTOP: "SIGSTOP", syscall.SIGTSTP: "SIGTSTP",
+	syscall.SIGTTIN: "SIGTTIN", syscall.SIGTTOU: "SIGTTOU", syscall.SIGURG: "SIGURG", syscall.SIGXCPU: "SIGXCPU",
+	syscall.SIGXFSZ: "SIGXFSZ", syscall.SIGVTALRM: "SIGVTALRM", syscall.SIGPROF: "SIGPROF", syscall.SIGWINCH: "SIGWINCH",
+	syscall.SIGIO: "SIGIO", syscall.SIGPWR: "SIGPWR", syscall.SIGSYS: "SIGSYS",
+}
+
+func signalName(s syscall.Signal) string {
+	if n, ok := signalNames[s]; ok {
+		return n
+	}
+	return fmt.Sprintf("SIG%d", int(s))
+}

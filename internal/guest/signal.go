@@ -1,0 +1,10 @@
+//go:build linux
+
+package guest
+
+import (
+	"os"
+	"os/signal"
+)
+
+func signalIgnore(sigs ...os.Signal) { signal.Ignore(sigs...) }
