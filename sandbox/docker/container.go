@@ -1,0 +1,337 @@
+package docker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/docker/docker/api/types"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/pkg/stdcopy"
+
+	"github.com/rollbox/rollbox/internal/guestproto"
+	"github.com/rollbox/rollbox/sandbox"
+)
+
+// guestAnswer bounds how long the guest may take beyond a command's own
+// timeout before the sandbox is declared broken.
+const guestAnswer = 30 * time.Second
+
+// Container is one sandbox: a container whose PID 1 is the guest agent.
+type Container struct {
+	b      *Backend
+	id     string
+	spec   sandbox.Spec
+	info   sandbox.Info
+	guest  *guestproto.Client
+	hijack types.HijackedResponse
+	demux  chan struct{} // closed when the attach stream has ended
+	log    *tailBuffer   // the guest's stderr
+
+	closeOnce sync.Once
+	closeErr  error
+
+	mu     sync.Mutex
+	closed bool
+}
+
+func newContainer(b *Backend, id string, spec sandbox.Spec, ref, imageID string) *Container {
+	return &Container{
+		b: b, id: id, spec: spec, demux: make(chan struct{}), log: &tailBuffer{max: 8 << 10},
+		info: sandbox.Info{
+			ID: id[:12], Backend: "docker", Image: ref, ImageDigest: imageID, Runtime: spec.Runtime,
+			Network: spec.Network, Limits: spec.Limits, Workdir: spec.Workdir,
+		},
+	}
+}
+
+// start attaches (before the start, so nothing the guest says is lost),
+// starts the container and says hello to the guest.
+func (c *Container) start(ctx context.Context) error {
+	var err error
+	c.hijack, err = c.b.cli.ContainerAttach(ctx, c.id, container.AttachOptions{
+		Stream: true, Stdin: true, Stdout: true, Stderr: true,
+	})
+	if err != nil {
+		close(c.demux)
+		return translate("attach to container "+c.info.ID, err)
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		defer close(c.demux)
+		_, err := stdcopy.StdCopy(pw, c.log, c.hijack.Reader)
+		pw.CloseWithError(err) // nil: io.EOF for the reader
+	}()
+	c.guest = guestproto.NewClient(pr, c.hijack.Conn)
+	if err := c.b.cli.ContainerStart(ctx, c.id, container.StartOptions{}); err != nil {
+		return translate("start container "+c.info.ID, err)
+	}
+	hello := &guestproto.Hello{
+		Version:       int(guestproto.Version),
+		WritableRoots: []string{c.spec.Workdir, "/tmp"},
+	}
+	if c.spec.Runtime == sandbox.RuntimeRunsc {
+		hello.MemoryGuardBytes = int64(c.spec.Limits.MemoryMB) << 20
+		hello.ProcessLimit = int64(c.spec.Limits.PIDs + guestThreads)
+	}
+	hctx, cancel := context.WithTimeout(ctx, guestAnswer)
+	defer cancel()
+	m, err := c.call(hctx, guestproto.TypeHello, hello)
+	if err != nil {
+		if ctx.Err() == nil && hctx.Err() != nil {
+			return fmt.Errorf("sandbox %s: the guest did not answer in %v%s: %w", c.info.ID, guestAnswer, c.logTail(), sandbox.ErrSandboxFailed)
+		}
+		return err
+	}
+	var reply guestproto.HelloReply
+	if err := guestproto.Expect(m, guestproto.TypeHelloReply, &reply); err != nil {
+		return fmt.Errorf("sandbox %s: hello: %v: %w", c.info.ID, err, sandbox.ErrSandboxFailed)
+	}
+	return nil
+}
+
+// Info describes the sandbox as it runs.
+func (c *Container) Info() sandbox.Info { return c.info }
+
+// call sends one request to the guest and translates what can go wrong
+// with the sandbox (not with the request) into ErrClosed or ErrSandboxFailed.
+func (c *Container) call(ctx context.Context, t guestproto.Type, body guestproto.Payload) (guestproto.Message, error) {
+	if c.isClosed() {
+		return guestproto.Message{}, fmt.Errorf("sandbox %s: %w", c.info.ID, sandbox.ErrClosed)
+	}
+	m, err := c.guest.Call(ctx, t, body)
+	if err == nil {
+		return m, nil
+	}
+	var ge *guestproto.Error
+	switch {
+	case errors.As(err, &ge):
+		return m, c.guestError(ge)
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		if c.isClosed() {
+			return m, fmt.Errorf("sandbox %s: %w", c.info.ID, sandbox.ErrClosed)
+		}
+		return m, err
+	case c.isClosed():
+		return m, fmt.Errorf("sandbox %s: %w", c.info.ID, sandbox.ErrClosed)
+	}
+	return m, c.died(err)
+}
+
+// died describes a sandbox whose guest stream broke.
+func (c *Container) died(err error) error {
+	state := ""
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if in, ierr := c.b.cli.ContainerInspect(ctx, c.id); ierr == nil && in.State != nil {
+		state = fmt.Sprintf(" (container %s, exit code %d", in.State.Status, in.State.ExitCode)
+		if in.State.OOMKilled {
+			state += ", OOM-killed"
+		}
+		state += ")"
+	}
+	return fmt.Errorf("sandbox %s: guest connection lost%s: %v%s: %w", c.info.ID, state, err, c.logTail(), sandbox.ErrSandboxFailed)
+}
+
+func (c *Container) logTail() string {
+	if s := c.log.String(); s != "" {
+		return "; guest log: " + s
+	}
+	return ""
+}
+
+// guestError maps the guest's error codes to sandbox error kinds.
+func (c *Container) guestError(e *guestproto.Error) error {
+	switch e.Code {
+	case guestproto.CodeNotFound:
+		return fmt.Errorf("%s: %w", e.Message, sandbox.ErrNotFound)
+	case guestproto.CodePathEscape:
+		return fmt.Errorf("%s: %w", e.Message, sandbox.ErrPathEscape)
+	case guestproto.CodeTooLarge:
+		return fmt.Errorf("%s: %w", e.Message, sandbox.ErrTooLarge)
+	case guestproto.CodeInvalid:
+		return fmt.Errorf("%s: %w", e.Message, sandbox.ErrInvalidSpec)
+	}
+	return fmt.Errorf("sandbox %s: %s", c.info.ID, e.Message)
+}
+
+// Exec runs one command through the guest.
+func (c *Container) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Result, error) {
+	if err := req.Validate(); err != nil {
+		return sandbox.Result{}, err
+	}
+	if req.OutputCap > sandbox.MaxFileBytes {
+		return sandbox.Result{}, &sandbox.FieldError{Field: "exec.output_cap", Message: fmt.Sprintf("%d is above the %d maximum", req.OutputCap, sandbox.MaxFileBytes)}
+	}
+	if len(req.Stdin) > sandbox.MaxFileBytes {
+		return sandbox.Result{}, fmt.Errorf("exec stdin of %d bytes: %w", len(req.Stdin), sandbox.ErrTooLarge)
+	}
+	l := c.spec.Limits
+	msg := &guestproto.Exec{
+		Argv: req.Argv, Shell: req.Shell, Workdir: req.Workdir, Timeout: req.Timeout,
+		IdleTimeout: req.IdleTimeout, OutputCap: int64(req.OutputCap), Stdin: req.Stdin,
+		Env: c.env(req.Env),
+	}
+	if msg.Workdir == "" {
+		msg.Workdir = c.spec.Workdir
+	}
+	if msg.Timeout == 0 {
+		msg.Timeout = l.ExecTimeout
+	}
+	if msg.OutputCap == 0 {
+		msg.OutputCap = int64(l.OutputBytes)
+	}
+	// The guest enforces the timeout; this bounds a guest that stopped
+	// answering.
+	wctx, cancel := context.WithTimeout(ctx, msg.Timeout+guestAnswer)
+	defer cancel()
+	m, err := c.call(wctx, guestproto.TypeExec, msg)
+	if err != nil {
+		if ctx.Err() == nil && wctx.Err() != nil {
+			return sandbox.Result{}, fmt.Errorf("sandbox %s: no answer %v after the command's timeout: %w", c.info.ID, guestAnswer, sandbox.ErrSandboxFailed)
+		}
+		return sandbox.Result{}, err
+	}
+	var r guestproto.ExecResult
+	if err := guestproto.Expect(m, guestproto.TypeExecResult, &r); err != nil {
+		return sandbox.Result{}, fmt.Errorf("sandbox %s: %v: %w", c.info.ID, err, sandbox.ErrSandboxFailed)
+	}
+	return sandbox.Result{
+		ExitCode: r.ExitCode, Signal: r.Signal,
+		Stdout: nonNil(r.Stdout), Stderr: nonNil(r.Stderr),
+		StdoutDropped: r.StdoutDropped, StderrDropped: r.StderrDropped,
+		TimedOut: r.TimedOut, IdleTimedOut: r.IdleTimedOut, OOMKilled: r.OOMKilled,
+		Duration: r.Duration,
+	}, nil
+}
+
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
+// env is a command's whole environment: defaults, the spec's, the request's.
+func (c *Container) env(req map[string]string) []string {
+	env := map[string]string{"PATH": defaultPath, "HOME": c.spec.Workdir, "LANG": "C.UTF-8"}
+	maps.Copy(env, c.spec.Env)
+	maps.Copy(env, req)
+	keys := slices.Sorted(maps.Keys(env))
+	out := make([]string, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, k+"="+env[k])
+	}
+	return out
+}
+
+// ReadFile reads a file through the guest, never following a symlink out of
+// the directory it lies under.
+func (c *Container) ReadFile(ctx context.Context, path string, maxBytes int64) ([]byte, error) {
+	if maxBytes <= 0 || maxBytes > sandbox.MaxFileBytes {
+		maxBytes = sandbox.MaxFileBytes
+	}
+	m, err := c.call(ctx, guestproto.TypeReadFile, &guestproto.ReadFile{Path: path, MaxBytes: maxBytes})
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	var fd guestproto.FileData
+	if err := guestproto.Expect(m, guestproto.TypeFileData, &fd); err != nil {
+		return nil, fmt.Errorf("sandbox %s: read %s: %v: %w", c.info.ID, path, err, sandbox.ErrSandboxFailed)
+	}
+	return nonNil(fd.Data), nil
+}
+
+// WriteFile writes a file through the guest (mkdir -p, atomic replace),
+// only under the workdir and /tmp.
+func (c *Container) WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error {
+	if len(data) > sandbox.MaxFileBytes {
+		return fmt.Errorf("write %s: %d bytes: %w", path, len(data), sandbox.ErrTooLarge)
+	}
+	m, err := c.call(ctx, guestproto.TypeWriteFile, &guestproto.WriteFile{Path: path, Mode: uint32(mode.Perm()), Data: data})
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := guestproto.Expect(m, guestproto.TypeOK, nil); err != nil {
+		return fmt.Errorf("sandbox %s: write %s: %v: %w", c.info.ID, path, err, sandbox.ErrSandboxFailed)
+	}
+	return nil
+}
+
+// ListFiles lists a directory through the guest.
+func (c *Container) ListFiles(ctx context.Context, dir string) ([]sandbox.FileInfo, error) {
+	m, err := c.call(ctx, guestproto.TypeListDir, &guestproto.ListDir{Path: dir})
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", dir, err)
+	}
+	var dl guestproto.DirList
+	if err := guestproto.Expect(m, guestproto.TypeDirList, &dl); err != nil {
+		return nil, fmt.Errorf("sandbox %s: list %s: %v: %w", c.info.ID, dir, err, sandbox.ErrSandboxFailed)
+	}
+	out := make([]sandbox.FileInfo, 0, len(dl.Entries))
+	for _, e := range dl.Entries {
+		out = append(out, sandbox.FileInfo{
+			Name: e.Name, Size: e.Size, Mode: fs.FileMode(e.Mode), IsDir: e.IsDir, ModTime: e.ModTime, Link: e.Link,
+		})
+	}
+	sandbox.SortFileInfos(out)
+	return out, nil
+}
+
+func (c *Container) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// Close ends every call in flight (they fail with ErrClosed), closes the
+// attach connection and force-removes the container with its volumes.
+// Idempotent and safe to call concurrently; it runs to the end even if the
+// caller's context is gone.
+func (c *Container) Close() error {
+	c.closeOnce.Do(func() {
+		c.mu.Lock()
+		c.closed = true
+		c.mu.Unlock()
+		if c.hijack.Conn != nil {
+			c.hijack.Close()
+		}
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(context.Background()), time.Minute)
+		defer cancel()
+		err := c.b.cli.ContainerRemove(ctx, c.id, container.RemoveOptions{Force: true, RemoveVolumes: true})
+		if err != nil && !isNotFound(err) && !isRemovalInProgress(err) {
+			c.closeErr = translate("remove container "+c.info.ID, err)
+		}
+		<-c.demux
+	})
+	return c.closeErr
+}
+
+// tailBuffer keeps the last max bytes written to it: the guest's log.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	buf []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if len(t.buf) > t.max {
+		t.buf = append(t.buf[:0], t.buf[len(t.buf)-t.max:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.buf)
+}

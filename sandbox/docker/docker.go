@@ -1,0 +1,296 @@
+package docker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/mount"
+	"github.com/docker/docker/client"
+
+	"github.com/rollbox/rollbox/sandbox"
+)
+
+// Labels every container carries.
+const (
+	LabelOwner   = "rollbox.owner"
+	LabelSpec    = "rollbox.spec"
+	LabelRuntime = "rollbox.runtime"
+	LabelImage   = "rollbox.image"
+)
+
+// GuestMountPath is where the guest agent is bind-mounted in a container.
+const GuestMountPath = "/.rollbox/guest"
+
+// DefaultUser is the user commands run as: nobody. A numeric uid:gid needs no
+// entry in the image's /etc/passwd, so it works with any image; an image
+// whose programs insist on root must say so with Options.User.
+const DefaultUser = "65534:65534"
+
+// DefaultOwner labels containers when Options.Owner is empty.
+const DefaultOwner = "rollbox"
+
+// guestThreads is what the pids limit allows beyond Limits.PIDs for the
+// guest agent's own threads, so the commands get the whole of their budget.
+const guestThreads = 32
+
+// Options configure a Backend.
+type Options struct {
+	// GuestPath is the host path of the static guest agent binary
+	// (images.Builder builds it from images/guest). Required.
+	GuestPath string
+	// Owner is the rollbox.owner label of every container, so Cleanup can
+	// find leftovers. Default "rollbox".
+	Owner string
+	// User is the container user (default 65534:65534).
+	User string
+	// Client, if set, is used instead of one from the environment
+	// (DOCKER_HOST etc.); the backend does not close it.
+	Client *client.Client
+}
+
+// Backend creates container sandboxes on a Docker engine.
+type Backend struct {
+	cli     *client.Client
+	ownsCli bool
+	opts    Options
+}
+
+// New connects to the engine (client.FromEnv, API version negotiated) and
+// checks it answers.
+//
+// # Errors
+//
+// ErrEngineUnavailable when the engine cannot be reached, with a one-line
+// hint; ErrInvalidSpec when GuestPath is missing.
+func New(ctx context.Context, opts Options) (*Backend, error) {
+	if opts.GuestPath == "" {
+		return nil, &sandbox.FieldError{Field: "docker.guest", Message: "no guest agent binary given (images.Builder builds images/guest)"}
+	}
+	st, err := os.Stat(opts.GuestPath)
+	if err != nil || !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
+		return nil, &sandbox.FieldError{Field: "docker.guest", Message: fmt.Sprintf("%s is not an executable file", opts.GuestPath)}
+	}
+	if opts.Owner == "" {
+		opts.Owner = DefaultOwner
+	}
+	if opts.User == "" {
+		opts.User = DefaultUser
+	}
+	b := &Backend{cli: opts.Client, opts: opts}
+	if b.cli == nil {
+		b.cli, err = NewClient()
+		if err != nil {
+			return nil, err
+		}
+		b.ownsCli = true
+	}
+	if err := ping(ctx, b.cli); err != nil {
+		b.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// NewClient returns a docker client from the environment with API version
+// negotiation.
+func NewClient() (*client.Client, error) {
+	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		return nil, translate("docker client", err)
+	}
+	return cli, nil
+}
+
+func ping(ctx context.Context, cli *client.Client) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := cli.Ping(ctx); err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("docker engine did not answer in 10s (%s): %w", engineHint, sandbox.ErrEngineUnavailable)
+		}
+		return translate("docker engine", err)
+	}
+	return nil
+}
+
+// Client is the backend's docker client, for tests and tools.
+func (b *Backend) Client() *client.Client { return b.cli }
+
+// Name is "docker".
+func (b *Backend) Name() string { return "docker" }
+
+// Close closes the client if the backend made it. Sandboxes already handed
+// out keep their own connections.
+func (b *Backend) Close() error {
+	if b.ownsCli && b.cli != nil {
+		return b.cli.Close()
+	}
+	return nil
+}
+
+// Create validates spec, creates and starts a container with the guest as
+// PID 1, and returns once the guest has answered. A failure removes what was
+// made.
+//
+// # Errors
+//
+// ErrInvalidSpec (a *FieldError) for a bad spec; ErrImageNotFound naming the
+// image and the command that builds it; ErrEngineUnavailable when the engine
+// or the runtime is missing; ErrSandboxFailed when the container does not
+// come up.
+func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	spec = spec.WithDefaults()
+	ref, err := ResolveImage(spec.Image)
+	if err != nil {
+		return nil, err
+	}
+	img, err := b.cli.ImageInspect(ctx, ref)
+	if err != nil {
+		if isNotFound(err) {
+			return nil, imageNotFound(spec.Image, ref)
+		}
+		return nil, translate("inspect image "+ref, err)
+	}
+	cfg, hc := b.containerConfig(spec, img.ID)
+	name := "rollbox-" + randomHex(6)
+	created, err := b.cli.ContainerCreate(ctx, cfg, hc, nil, nil, name)
+	if err != nil {
+		return nil, translate("create container", err)
+	}
+	c := newContainer(b, created.ID, spec, ref, img.ID)
+	if err := c.start(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// containerConfig is the hardened configuration of spec's container.
+func (b *Backend) containerConfig(spec sandbox.Spec, imageID string) (*container.Config, *container.HostConfig) {
+	l := spec.Limits
+	labels := map[string]string{}
+	for k, v := range spec.Labels {
+		labels[k] = v
+	}
+	labels[LabelOwner] = b.opts.Owner
+	labels[LabelSpec] = spec.Key()
+	labels[LabelRuntime] = spec.Runtime
+	labels[LabelImage] = spec.Image
+	cfg := &container.Config{
+		Image:           imageID,
+		Entrypoint:      []string{GuestMountPath},
+		User:            b.opts.User,
+		WorkingDir:      spec.Workdir,
+		Env:             []string{"PATH=" + defaultPath},
+		OpenStdin:       true,
+		AttachStdin:     true,
+		AttachStdout:    true,
+		AttachStderr:    true,
+		StdinOnce:       false,
+		Tty:             false,
+		NetworkDisabled: spec.Network == sandbox.NetworkNone,
+		Labels:          labels,
+	}
+	uid, gid := userIDs(b.opts.User)
+	memory := int64(l.MemoryMB) << 20
+	pids := int64(l.PIDs + guestThreads)
+	if spec.Runtime == sandbox.RuntimeRunsc {
+		// gVisor's sentry holds all the sandbox's memory and threads: when
+		// the host's memory or pids limit is hit, the whole sandbox dies
+		// instead of one command. The guest enforces the spec's limits inside
+		// (memory guard, RLIMIT_NPROC); the host limits get headroom above
+		// them and remain a backstop.
+		memory = memory*2 + 128<<20
+		pids = int64(l.PIDs)*16 + 1024
+	}
+	noInit := false
+	hc := &container.HostConfig{
+		NetworkMode:    container.NetworkMode(spec.Network),
+		CapDrop:        []string{"ALL"},
+		SecurityOpt:    []string{"no-new-privileges"},
+		ReadonlyRootfs: true,
+		Init:           &noInit,
+		Runtime:        spec.Runtime,
+		LogConfig:      container.LogConfig{Type: "none"}, // the protocol is not a log
+		Mounts: []mount.Mount{{
+			Type: mount.TypeBind, Source: b.opts.GuestPath, Target: GuestMountPath, ReadOnly: true,
+		}},
+		Tmpfs: map[string]string{
+			spec.Workdir: fmt.Sprintf("rw,exec,nosuid,nodev,size=%dm,mode=0755,uid=%d,gid=%d", l.DiskMB, uid, gid),
+			"/tmp":       fmt.Sprintf("rw,exec,nosuid,nodev,size=%dm,mode=1777", l.TmpMB),
+		},
+		Resources: container.Resources{
+			Memory:     memory,
+			MemorySwap: memory,
+			NanoCPUs:   int64(l.CPUs * 1e9),
+			PidsLimit:  &pids,
+		},
+	}
+	return cfg, hc
+}
+
+// userIDs parses "uid:gid" (numeric); anything else gives 0, 0.
+func userIDs(user string) (int, int) {
+	u, g, _ := strings.Cut(user, ":")
+	uid, err1 := strconv.Atoi(u)
+	gid, err2 := strconv.Atoi(g)
+	if err1 != nil {
+		return 0, 0
+	}
+	if err2 != nil {
+		gid = uid
+	}
+	return uid, gid
+}
+
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Cleanup removes every container labelled with owner (running or not) and
+// returns how many it removed. Safe to run twice and concurrently with
+// itself.
+func Cleanup(ctx context.Context, cli *client.Client, owner string) (int, error) {
+	list, err := cli.ContainerList(ctx, container.ListOptions{
+		All: true, Filters: filters.NewArgs(filters.Arg("label", LabelOwner+"="+owner)),
+	})
+	if err != nil {
+		return 0, translate("list containers", err)
+	}
+	var errs []error
+	n := 0
+	for _, c := range list {
+		err := cli.ContainerRemove(context.WithoutCancel(ctx), c.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
+		switch {
+		case err == nil:
+			n++
+		case isNotFound(err) || isRemovalInProgress(err):
+		default:
+			errs = append(errs, translate("remove container "+c.ID[:12], err))
+		}
+	}
+	return n, errors.Join(errs...)
+}
+
+func isRemovalInProgress(err error) bool {
+	return err != nil && (strings.Contains(err.Error(), "already in progress") || strings.Contains(err.Error(), "is already being removed"))
+}
+
+var _ io.Closer = (*Backend)(nil)
