@@ -1,0 +1,670 @@
+package shell
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"mvdan.cc/sh/v3/expand"
+	"mvdan.cc/sh/v3/interp"
+	"mvdan.cc/sh/v3/syntax"
+
+	"github.com/rollbox/rollbox/sandbox/wasm/internal/vfs"
+)
+
+// The guard bounds what a command line can make the host process hold.
+// The interpreter exposes no hook on variable writes, so the guard works
+// from the hooks it has (see RATIONALE.md, "Bounding the host-side shell"):
+//
+//   - before every simple command (CallHandler) it sums the sizes of all
+//     variables, the command's arguments and the command-substitution
+//     buffer being filled, and checks the Go stack depth;
+//   - before every word with an expansion is expanded, a checkpoint inserted
+//     into the word at parse time (an empty "$(<path)" that reads through
+//     the OpenHandler and changes no exit status) adds an upper bound of the
+//     word's expansion to that sum, so even a loop of bare assignments such
+//     as x="$x$x$x$x" stops before it allocates past the cap;
+//   - read and mapfile, which accumulate input without a bound, are fed
+//     through a capped copier; printf's field widths are bounded;
+//   - code built at run time (eval, trap, source) is parsed and instrumented
+//     the same way before it runs; process substitution (a host FIFO) and
+//     brace expansions over maxBraceFields fields are refused;
+//   - goroutines (pipeline stages, background jobs) carry a pprof label of
+//     their command line, and when the process holds many, an audit counts
+//     them per command line and stops those over their cap.
+type guard struct {
+	limits   Limits
+	cancel   context.CancelCauseFunc
+	governor *governor
+	id       string
+
+	oom     atomic.Bool
+	mu      sync.Mutex
+	why     string
+	words   []*syntax.Word
+	sources map[string][]byte
+}
+
+const (
+	checkPrefix  = "/dev/.rollbox-check/"
+	sourcePrefix = "/dev/.rollbox-source/"
+	// maxFrames bounds the Go stack a command line may grow to through
+	// nested functions, eval and sh: a goroutine that overflows Go's stack
+	// limit would crash the whole process.
+	maxFrames = 20000
+	// maxBraceFields bounds one brace expansion.
+	maxBraceFields = 1 << 16
+)
+
+func newGuard(l Limits) *guard {
+	if l.MemoryBytes <= 0 {
+		l.MemoryBytes = 64 << 20
+	}
+	if l.Goroutines <= 0 {
+		l.Goroutines = 1024
+	}
+	return &guard{limits: l, sources: map[string][]byte{}}
+}
+
+func (g *guard) outOfMemory(format string, args ...any) error {
+	g.mu.Lock()
+	if g.why == "" {
+		g.why = fmt.Sprintf(format, args...)
+	}
+	g.mu.Unlock()
+	g.oom.Store(true)
+	if g.cancel != nil {
+		g.cancel(ErrOOM)
+	}
+	return fmt.Errorf("%w: %s", ErrOOM, g.reason())
+}
+
+func (g *guard) reason() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.why
+}
+
+// fatal returns the error that stops the command line, if any.
+func (g *guard) fatal() error {
+	if g.oom.Load() {
+		return fmt.Errorf("%w: %s", ErrOOM, g.reason())
+	}
+	return nil
+}
+
+// varsSize sums the sizes of the variables visible in env.
+func varsSize(env expand.Environ) int64 {
+	var n int64
+	env.Each(func(name string, vr expand.Variable) bool {
+		n += int64(len(name)) + int64(len(vr.Str)) + 16
+		for _, s := range vr.List {
+			n += int64(len(s)) + 16
+		}
+		for k, v := range vr.Map {
+			n += int64(len(k)+len(v)) + 32
+		}
+		return true
+	})
+	return n
+}
+
+func bufferLen(w io.Writer) int64 {
+	if b, ok := w.(interface{ Len() int }); ok {
+		return int64(b.Len())
+	}
+	return 0
+}
+
+// state is the memory the command line holds as seen from hc.
+func (g *guard) state(hc interp.HandlerContext) int64 {
+	return varsSize(hc.Env) + bufferLen(hc.Stdout)
+}
+
+var framesPool = sync.Pool{New: func() any { return make([]uintptr, 1) }}
+
+// checkCall runs before every simple command.
+func (g *guard) checkCall(hc interp.HandlerContext, args []string) error {
+	if err := g.fatal(); err != nil {
+		return err
+	}
+	pcs := framesPool.Get().([]uintptr)
+	deep := runtime.Callers(maxFrames, pcs) > 0
+	framesPool.Put(pcs)
+	if deep {
+		return g.outOfMemory("nesting too deep (functions, eval or sh calling themselves)")
+	}
+	var argBytes int64
+	for _, a := range args {
+		argBytes += int64(len(a)) + 16
+	}
+	if args[0] == "printf" {
+		argBytes += printfBound(args[1:])
+	}
+	if used := g.state(hc) + argBytes; used > g.limits.MemoryBytes {
+		return g.outOfMemory("the shell's variables and arguments would exceed the %d MB memory limit", g.limits.MemoryBytes>>20)
+	}
+	if g.governor != nil {
+		g.governor.maybeAudit()
+	}
+	return nil
+}
+
+// printfBound bounds the bytes printf's field widths and precisions add.
+func printfBound(args []string) int64 {
+	if len(args) == 0 {
+		return 0
+	}
+	format, rest := args[0], args[1:]
+	if len(rest) > 0 && format == "-v" && len(rest) >= 2 {
+		format, rest = rest[1], rest[2:]
+	}
+	var perPass int64
+	stars := 0
+	verbs := 0
+	for i := 0; i < len(format); i++ {
+		if format[i] != '%' {
+			continue
+		}
+		i++
+		num := 0
+		for ; i < len(format) && strings.IndexByte("-+ #0123456789.*", format[i]) >= 0; i++ {
+			switch c := format[i]; {
+			case c == '*':
+				stars++
+			case c >= '0' && c <= '9':
+				num = num*10 + int(c-'0')
+				if num > math.MaxInt32 {
+					num = math.MaxInt32
+				}
+			case c == '.':
+				perPass += int64(num)
+				num = 0
+			}
+		}
+		perPass += int64(num)
+		verbs++
+	}
+	for _, a := range rest {
+		if n, err := strconv.ParseInt(strings.TrimSpace(a), 10, 64); err == nil && n > 0 && stars > 0 {
+			perPass += n
+		}
+	}
+	passes := int64(1)
+	if verbs > 0 {
+		passes += int64(len(rest) / verbs)
+	}
+	return perPass*passes + int64(len(format))*passes
+}
+
+// limitBuffer wraps a command's output when it is an in-memory buffer (a
+// command substitution): writes past the memory cap stop the command line.
+func (g *guard) limitBuffer(hc interp.HandlerContext, w io.Writer) io.Writer {
+	if _, ok := w.(interface{ Len() int }); !ok {
+		return w
+	}
+	return &limitedWriter{w: w, room: g.limits.MemoryBytes - g.state(hc), g: g}
+}
+
+type limitedWriter struct {
+	w    io.Writer
+	room int64
+	g    *guard
+}
+
+func (l *limitedWriter) Write(p []byte) (int, error) {
+	if int64(len(p)) > l.room {
+		return 0, l.g.outOfMemory("a command substitution's output would exceed the %d MB memory limit", l.g.limits.MemoryBytes>>20)
+	}
+	l.room -= int64(len(p))
+	return l.w.Write(p)
+}
+
+// checkpoint is the OpenHandler side of a word checkpoint: it bounds the
+// word's expansion before the interpreter expands it.
+func (g *guard) checkpoint(hc interp.HandlerContext, p string) (io.ReadWriteCloser, error) {
+	id, err := strconv.Atoi(strings.TrimPrefix(p, checkPrefix))
+	g.mu.Lock()
+	var w *syntax.Word
+	if err == nil && id >= 0 && id < len(g.words) {
+		w = g.words[id]
+	}
+	g.mu.Unlock()
+	empty := nopCloser{Reader: strings.NewReader("")}
+	if w == nil {
+		return empty, nil
+	}
+	vars := varsSize(hc.Env)
+	total := vars + bufferLen(hc.Stdout) + wordBound(w, hc.Env, vars)
+	if total > g.limits.MemoryBytes {
+		return nil, g.outOfMemory("expanding a word would exceed the %d MB memory limit", g.limits.MemoryBytes>>20)
+	}
+	return empty, nil
+}
+
+// wordBound is an upper bound of the bytes a word expands to; vars (the
+// total size of all variables) bounds any one parameter expansion.
+func wordBound(w *syntax.Word, env expand.Environ, vars int64) int64 {
+	if w == nil {
+		return 0
+	}
+	return partsBound(w.Parts, env, vars)
+}
+
+func partsBound(parts []syntax.WordPart, env expand.Environ, vars int64) int64 {
+	var n int64
+	for _, p := range parts {
+		switch p := p.(type) {
+		case *syntax.Lit:
+			n += int64(len(p.Value))
+		case *syntax.SglQuoted:
+			n += int64(len(p.Value))
+		case *syntax.DblQuoted:
+			n += partsBound(p.Parts, env, vars)
+		case *syntax.ParamExp:
+			n += paramBound(p, env, vars)
+		case *syntax.ArithmExp:
+			n += 24
+		default: // command substitutions are bounded as they write
+			n += 16
+		}
+	}
+	return n
+}
+
+func paramBound(p *syntax.ParamExp, env expand.Environ, vars int64) int64 {
+	if p.Length || p.Width {
+		return 24
+	}
+	base := vars
+	if p.Param != nil && p.Index == nil && !p.Excl && p.Names == 0 {
+		vr := env.Get(p.Param.Value)
+		base = int64(len(vr.Str))
+		for _, s := range vr.List {
+			base += int64(len(s)) + 1
+		}
+		for _, s := range vr.Map {
+			base += int64(len(s)) + 1
+		}
+		if vr.Kind == expand.Unknown && !vr.IsSet() {
+			switch p.Param.Value {
+			case "@", "*", "#", "?", "$", "!", "-", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "RANDOM", "SRANDOM", "PPID", "DIRSTACK":
+				base = vars // positional parameters are not visible here
+			}
+		}
+	}
+	if p.Exp != nil {
+		base += wordBound(p.Exp.Word, env, vars)
+	}
+	if p.Repl != nil {
+		with := wordBound(p.Repl.With, env, vars)
+		base = base*(with+1) + with
+	}
+	return base
+}
+
+// sourced serves an instrumented copy of a file given to source or ".".
+func (g *guard) sourced(p string) (io.ReadWriteCloser, error) {
+	g.mu.Lock()
+	data := g.sources[p]
+	delete(g.sources, p)
+	g.mu.Unlock()
+	return nopCloser{Reader: bytes.NewReader(data)}, nil
+}
+
+// rewriteCall replaces calls the interpreter would run unguarded.
+func (g *guard) rewriteCall(hc interp.HandlerContext, fsys *vfs.FS, args []string) ([]string, error) {
+	switch args[0] {
+	case "__rb_read":
+		return append([]string{"read"}, args[1:]...), nil
+	case "__rb_mapfile":
+		return append([]string{"mapfile"}, args[1:]...), nil
+	case "read", "mapfile", "readarray":
+		// Only reached through eval-less indirection ("$cmd", builtin,
+		// command): those calls would read unbounded input.
+		return []string{"__rb_refuse", args[0] + ": only direct calls are supported in this shell"}, nil
+	case "builtin", "command":
+		if len(args) > 1 && !strings.HasPrefix(args[1], "-") {
+			switch args[1] {
+			case "read", "mapfile", "readarray", "eval", "source", ".", "trap":
+				return []string{"__rb_refuse", args[0] + " " + args[1] + ": not supported in this shell"}, nil
+			}
+		}
+		if args[0] == "command" && len(args) > 2 && (args[1] == "-v" || args[1] == "-V") {
+			return append([]string{"__rb_which", args[1]}, args[2:]...), nil
+		}
+	case "type", "hash", "which":
+		return append([]string{"__rb_which", "-t:" + args[0]}, args[1:]...), nil
+	case "eval":
+		src := strings.Join(args[1:], " ")
+		out, err := g.instrumentSource(src, "eval")
+		if err != nil {
+			return args, nil // let eval report the syntax error
+		}
+		return []string{"eval", out}, nil
+	case "trap":
+		if len(args) > 2 && !strings.HasPrefix(args[1], "-") {
+			out, err := g.instrumentSource(args[1], "trap")
+			if err == nil {
+				args = append([]string{"trap", out}, args[2:]...)
+			}
+		}
+	case "source", ".":
+		if len(args) < 2 {
+			return args, nil
+		}
+		data, err := fsys.ReadFile(abs(hc.Dir, args[1]), 0)
+		if err != nil {
+			return args, nil // let source report it
+		}
+		out, err := g.instrumentSource(string(data), args[1])
+		if err != nil {
+			return args, nil
+		}
+		g.mu.Lock()
+		key := sourcePrefix + strconv.Itoa(len(g.sources)) + "-" + strconv.Itoa(len(g.words))
+		g.sources[key] = []byte(out)
+		g.mu.Unlock()
+		return append([]string{args[0], key}, args[2:]...), nil
+	}
+	return args, nil
+}
+
+// instrumentSource parses code made at run time, instruments it and prints
+// it back.
+func (g *guard) instrumentSource(src, name string) (string, error) {
+	f, err := syntax.NewParser(syntax.Variant(syntax.LangBash)).Parse(strings.NewReader(src), name)
+	if err != nil {
+		return "", err
+	}
+	if err := g.instrument(f); err != nil {
+		return "", err
+	}
+	var buf bytes.Buffer
+	if err := syntax.NewPrinter().Print(&buf, f); err != nil {
+		return "", err
+	}
+	return buf.String(), nil
+}
+
+// instrument refuses what cannot be confined and inserts the checkpoints.
+func (g *guard) instrument(f *syntax.File) error {
+	var err error
+	var words []*syntax.Word
+	var reads []*syntax.Stmt
+	// stack of the nodes being visited, to know a word's context.
+	var stack []syntax.Node
+	syntax.Walk(f, func(n syntax.Node) bool {
+		if err != nil {
+			return false
+		}
+		if n == nil {
+			stack = stack[:len(stack)-1]
+			return true
+		}
+		switch n := n.(type) {
+		case *syntax.ProcSubst:
+			err = fmt.Errorf("line %d: process substitution is not supported in this shell", n.Pos().Line())
+			return false
+		case *syntax.CoprocClause:
+			err = fmt.Errorf("line %d: coproc is not supported in this shell", n.Pos().Line())
+			return false
+		case *syntax.Word:
+			if c := braceFields(n); c > maxBraceFields {
+				err = fmt.Errorf("line %d: brace expansion of %d fields is over the limit of %d", n.Pos().Line(), c, maxBraceFields)
+				return false
+			}
+			if topLevelWord(stack) && hasExpansion(n.Parts) {
+				words = append(words, n)
+			}
+		case *syntax.Stmt:
+			if call, ok := n.Cmd.(*syntax.CallExpr); ok && len(call.Args) > 0 {
+				switch call.Args[0].Lit() {
+				case "read", "mapfile", "readarray":
+					reads = append(reads, n)
+				}
+			}
+		}
+		stack = append(stack, n)
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, w := range words {
+		id := len(g.words)
+		g.words = append(g.words, w)
+		check := &syntax.CmdSubst{Stmts: []*syntax.Stmt{{Redirs: []*syntax.Redirect{{
+			Op: syntax.RdrIn, Word: lit(checkPrefix + strconv.Itoa(id))}}}}}
+		w.Parts = append([]syntax.WordPart{check}, w.Parts...)
+	}
+	for _, st := range reads {
+		call := st.Cmd.(*syntax.CallExpr)
+		name := call.Args[0].Lit()
+		feeder := "__rb_line"
+		call.Args[0] = lit("__rb_read")
+		if name != "read" {
+			feeder = "__rb_cap"
+			call.Args[0] = lit("__rb_mapfile")
+		} else if readIsRaw(call.Args[1:]) {
+			feeder = "__rb_line_raw"
+		}
+		st.Cmd = &syntax.BinaryCmd{Op: syntax.Pipe,
+			X: &syntax.Stmt{Cmd: &syntax.CallExpr{Args: []*syntax.Word{lit(feeder)}}},
+			Y: &syntax.Stmt{Cmd: call}}
+	}
+	return nil
+}
+
+func lit(s string) *syntax.Word {
+	return &syntax.Word{Parts: []syntax.WordPart{&syntax.Lit{Value: s}}}
+}
+
+func readIsRaw(args []*syntax.Word) bool {
+	for _, a := range args {
+		s := a.Lit()
+		if strings.HasPrefix(s, "-") && strings.Contains(s, "r") {
+			return true
+		}
+	}
+	return false
+}
+
+// topLevelWord reports whether a word being entered is expanded on its own
+// (not part of an enclosing word, nor an arithmetic operand).
+func topLevelWord(stack []syntax.Node) bool {
+	for i := len(stack) - 1; i >= 0; i-- {
+		switch stack[i].(type) {
+		case *syntax.Word, *syntax.ArithmExp, *syntax.ArithmCmd, *syntax.LetClause:
+			return false
+		case *syntax.CmdSubst, *syntax.Stmt:
+			return true
+		}
+	}
+	return true
+}
+
+func hasExpansion(parts []syntax.WordPart) bool {
+	for _, p := range parts {
+		switch p := p.(type) {
+		case *syntax.ParamExp, *syntax.CmdSubst, *syntax.ArithmExp:
+			return true
+		case *syntax.DblQuoted:
+			if hasExpansion(p.Parts) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// braceFields counts the fields a word's brace expansion makes.
+func braceFields(w *syntax.Word) int64 {
+	cp := &syntax.Word{Parts: append([]syntax.WordPart(nil), w.Parts...)}
+	if !syntax.SplitBraces(cp) {
+		return 1
+	}
+	return countBraces(cp.Parts)
+}
+
+func countBraces(parts []syntax.WordPart) int64 {
+	total := int64(1)
+	for _, p := range parts {
+		be, ok := p.(*syntax.BraceExp)
+		if !ok {
+			continue
+		}
+		var n int64
+		if be.Sequence && len(be.Elems) >= 2 {
+			a, b := be.Elems[0].Lit(), be.Elems[1].Lit()
+			if x, err := strconv.ParseInt(a, 10, 64); err == nil {
+				if y, err := strconv.ParseInt(b, 10, 64); err == nil {
+					n = absDiff(x, y) + 1
+				}
+			} else if len(a) == 1 && len(b) == 1 {
+				n = absDiff(int64(a[0]), int64(b[0])) + 1
+			}
+			if len(be.Elems) == 3 {
+				if step, err := strconv.ParseInt(be.Elems[2].Lit(), 10, 64); err == nil && step != 0 {
+					n = n/absDiff(step, 0) + 1
+				}
+			}
+		} else {
+			for _, e := range be.Elems {
+				n += countBraces(e.Parts)
+			}
+		}
+		if n < 1 {
+			n = 1
+		}
+		total *= n
+		if total > math.MaxInt32 {
+			return math.MaxInt32
+		}
+	}
+	return total
+}
+
+func absDiff(a, b int64) int64 {
+	if a > b {
+		return a - b
+	}
+	return b - a
+}
+
+// governor audits goroutines per command line when the process holds many.
+type governor struct {
+	mu        sync.Mutex
+	lastAudit time.Time
+	guards    map[string]*guard
+	next      atomic.Int64
+}
+
+var theGovernor = &governor{guards: map[string]*guard{}}
+
+const guardLabel = "rollbox_shell"
+
+func (g *guard) register() {
+	g.governor = theGovernor
+	g.id = strconv.FormatInt(theGovernor.next.Add(1), 10)
+	theGovernor.mu.Lock()
+	theGovernor.guards[g.id] = g
+	theGovernor.mu.Unlock()
+}
+
+func (g *guard) unregister() {
+	theGovernor.mu.Lock()
+	delete(theGovernor.guards, g.id)
+	theGovernor.mu.Unlock()
+}
+
+// withGuardLabels labels the calling goroutine, and so every goroutine the
+// interpreter starts from it, with the command line's id.
+func withGuardLabels(ctx context.Context, g *guard) context.Context {
+	ctx = pprof.WithLabels(ctx, pprof.Labels(guardLabel, g.id))
+	pprof.SetGoroutineLabels(ctx)
+	return ctx
+}
+
+// softGoroutines is the process-wide count above which audits run.
+func (gv *governor) softGoroutines() int {
+	gv.mu.Lock()
+	n := len(gv.guards)
+	gv.mu.Unlock()
+	return 2048 + 16*n
+}
+
+func (gv *governor) maybeAudit() {
+	if runtime.NumGoroutine() < gv.softGoroutines() {
+		return
+	}
+	if !gv.mu.TryLock() {
+		return
+	}
+	if time.Since(gv.lastAudit) < 20*time.Millisecond {
+		gv.mu.Unlock()
+		return
+	}
+	gv.lastAudit = time.Now()
+	gv.mu.Unlock()
+	counts := countLabeledGoroutines()
+	gv.mu.Lock()
+	var over []*guard
+	for id, n := range counts {
+		if g := gv.guards[id]; g != nil && n > g.limits.Goroutines {
+			over = append(over, g)
+		}
+	}
+	gv.mu.Unlock()
+	for _, g := range over {
+		g.mu.Lock()
+		if g.why == "" {
+			g.why = fmt.Sprintf("more than %d concurrent jobs (pipeline stages and background commands)", g.limits.Goroutines)
+		}
+		g.mu.Unlock()
+		g.cancel(ErrTooManyJobs)
+	}
+}
+
+// countLabeledGoroutines reads the goroutine profile and counts goroutines
+// per command-line label.
+func countLabeledGoroutines() map[string]int {
+	var buf bytes.Buffer
+	pprof.Lookup("goroutine").WriteTo(&buf, 1)
+	counts := map[string]int{}
+	sc := bufio.NewScanner(&buf)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	n := 0
+	key := `"` + guardLabel + `":"`
+	for sc.Scan() {
+		line := sc.Text()
+		if c, _, ok := strings.Cut(line, " @ "); ok {
+			if v, err := strconv.Atoi(c); err == nil {
+				n = v
+			}
+			continue
+		}
+		if strings.HasPrefix(line, "# labels:") {
+			if _, rest, ok := strings.Cut(line, key); ok {
+				id, _, _ := strings.Cut(rest, `"`)
+				counts[id] += n
+			}
+		}
+	}
+	return counts
+}
+
+var _ = errors.New

@@ -1,0 +1,234 @@
+package vfs
+
+import (
+	"errors"
+	"io"
+	"io/fs"
+	"syscall"
+	"time"
+
+	experimentalsys "github.com/tetratelabs/wazero/experimental/sys"
+	"github.com/tetratelabs/wazero/sys"
+)
+
+// SysFS adapts f to wazero's experimental sys.FS, for mounting at "/" of a
+// WASI module. Paths wazero hands it are relative to that mount.
+func (f *FS) SysFS() experimentalsys.FS { return sysFS{f: f} }
+
+type sysFS struct {
+	experimentalsys.UnimplementedFS
+	f *FS
+}
+
+func errno(err error) experimentalsys.Errno {
+	if err == nil {
+		return 0
+	}
+	var tl *TooLargeError
+	if errors.As(err, &tl) {
+		return experimentalsys.EIO
+	}
+	if errors.Is(err, fs.ErrClosed) {
+		return experimentalsys.EBADF
+	}
+	return experimentalsys.UnwrapOSError(err)
+}
+
+func abs(p string) string { return "/" + p }
+
+func toOflag(flag experimentalsys.Oflag) int {
+	var f int
+	switch flag & (experimentalsys.O_RDONLY | experimentalsys.O_WRONLY | experimentalsys.O_RDWR) {
+	case experimentalsys.O_WRONLY:
+		f = syscall.O_WRONLY
+	case experimentalsys.O_RDWR:
+		f = syscall.O_RDWR
+	}
+	if flag&experimentalsys.O_APPEND != 0 {
+		f |= syscall.O_APPEND
+	}
+	if flag&experimentalsys.O_CREAT != 0 {
+		f |= syscall.O_CREAT
+	}
+	if flag&experimentalsys.O_EXCL != 0 {
+		f |= syscall.O_EXCL
+	}
+	if flag&experimentalsys.O_TRUNC != 0 {
+		f |= syscall.O_TRUNC
+	}
+	return f
+}
+
+func (s sysFS) OpenFile(p string, flag experimentalsys.Oflag, perm fs.FileMode) (experimentalsys.File, experimentalsys.Errno) {
+	s.f.mu.Lock()
+	h, err := s.f.openLocked(abs(p), toOflag(flag), perm, flag&experimentalsys.O_NOFOLLOW == 0)
+	s.f.mu.Unlock()
+	if err != nil {
+		return nil, errno(err)
+	}
+	if flag&experimentalsys.O_DIRECTORY != 0 && !h.n.isDir() {
+		return nil, experimentalsys.ENOTDIR
+	}
+	return &sysFile{h: h}, 0
+}
+
+func stat(fi fs.FileInfo) sys.Stat_t {
+	i := fi.(*fileInfo)
+	return sys.Stat_t{Dev: 1, Ino: i.ino, Mode: i.mode, Nlink: i.nlink, Size: i.size,
+		Atim: i.mtime, Mtim: i.mtime, Ctim: i.mtime}
+}
+
+func (s sysFS) Lstat(p string) (sys.Stat_t, experimentalsys.Errno) {
+	fi, err := s.f.Lstat(abs(p))
+	if err != nil {
+		return sys.Stat_t{}, errno(err)
+	}
+	return stat(fi), 0
+}
+
+func (s sysFS) Stat(p string) (sys.Stat_t, experimentalsys.Errno) {
+	fi, err := s.f.Stat(abs(p))
+	if err != nil {
+		return sys.Stat_t{}, errno(err)
+	}
+	return stat(fi), 0
+}
+
+func (s sysFS) Mkdir(p string, perm fs.FileMode) experimentalsys.Errno {
+	return errno(s.f.Mkdir(abs(p), perm))
+}
+
+func (s sysFS) Chmod(p string, perm fs.FileMode) experimentalsys.Errno {
+	return errno(s.f.Chmod(abs(p), perm))
+}
+
+func (s sysFS) Rename(from, to string) experimentalsys.Errno {
+	return errno(s.f.Rename(abs(from), abs(to)))
+}
+
+func (s sysFS) Rmdir(p string) experimentalsys.Errno {
+	fi, err := s.f.Lstat(abs(p))
+	if err != nil {
+		return errno(err)
+	}
+	if !fi.IsDir() {
+		return experimentalsys.ENOTDIR
+	}
+	return errno(s.f.Remove(abs(p)))
+}
+
+func (s sysFS) Unlink(p string) experimentalsys.Errno {
+	fi, err := s.f.Lstat(abs(p))
+	if err != nil {
+		return errno(err)
+	}
+	if fi.IsDir() {
+		return experimentalsys.EISDIR
+	}
+	return errno(s.f.Remove(abs(p)))
+}
+
+func (s sysFS) Symlink(target, link string) experimentalsys.Errno {
+	return errno(s.f.Symlink(target, abs(link)))
+}
+
+func (s sysFS) Readlink(p string) (string, experimentalsys.Errno) {
+	t, err := s.f.Readlink(abs(p))
+	return t, errno(err)
+}
+
+func (s sysFS) Utimens(p string, atim, mtim int64) experimentalsys.Errno {
+	if mtim == experimentalsys.UTIME_OMIT {
+		return 0
+	}
+	return errno(s.f.Chtimes(abs(p), time.Unix(0, mtim)))
+}
+
+type sysFile struct {
+	experimentalsys.UnimplementedFile
+	h *File
+}
+
+func (s *sysFile) Dev() (uint64, experimentalsys.Errno)      { return 1, 0 }
+func (s *sysFile) Ino() (sys.Inode, experimentalsys.Errno)   { return s.h.n.ino, 0 }
+func (s *sysFile) IsDir() (bool, experimentalsys.Errno)      { return s.h.n.isDir(), 0 }
+func (s *sysFile) IsAppend() bool                            { return s.h.flag&syscall.O_APPEND != 0 }
+func (s *sysFile) IsNonblock() bool                          { return false }
+func (s *sysFile) SetNonblock(bool) experimentalsys.Errno    { return 0 }
+func (s *sysFile) Sync() experimentalsys.Errno               { return 0 }
+func (s *sysFile) Datasync() experimentalsys.Errno           { return 0 }
+func (s *sysFile) Close() experimentalsys.Errno              { return errno(s.h.Close()) }
+func (s *sysFile) Truncate(size int64) experimentalsys.Errno { return errno(s.h.Truncate(size)) }
+
+func (s *sysFile) SetAppend(enable bool) experimentalsys.Errno {
+	s.h.mu.Lock()
+	defer s.h.mu.Unlock()
+	if enable {
+		s.h.flag |= syscall.O_APPEND
+	} else {
+		s.h.flag &^= syscall.O_APPEND
+	}
+	return 0
+}
+
+func (s *sysFile) Stat() (sys.Stat_t, experimentalsys.Errno) {
+	fi, err := s.h.Stat()
+	if err != nil {
+		return sys.Stat_t{}, errno(err)
+	}
+	return stat(fi), 0
+}
+
+func eof(n int, err error) (int, experimentalsys.Errno) {
+	if err == io.EOF {
+		err = nil
+	}
+	return n, errno(err)
+}
+
+func (s *sysFile) Read(p []byte) (int, experimentalsys.Errno) { return eof(s.h.Read(p)) }
+
+func (s *sysFile) Pread(p []byte, off int64) (int, experimentalsys.Errno) {
+	return eof(s.h.ReadAt(p, off))
+}
+
+func (s *sysFile) Write(p []byte) (int, experimentalsys.Errno) {
+	n, err := s.h.Write(p)
+	return n, errno(err)
+}
+
+func (s *sysFile) Pwrite(p []byte, off int64) (int, experimentalsys.Errno) {
+	n, err := s.h.WriteAt(p, off)
+	return n, errno(err)
+}
+
+func (s *sysFile) Seek(offset int64, whence int) (int64, experimentalsys.Errno) {
+	n, err := s.h.Seek(offset, whence)
+	return n, errno(err)
+}
+
+func (s *sysFile) Readdir(n int) ([]experimentalsys.Dirent, experimentalsys.Errno) {
+	des, err := s.h.ReadDir(n)
+	if err == io.EOF {
+		err = nil
+	}
+	if err != nil {
+		return nil, errno(err)
+	}
+	out := make([]experimentalsys.Dirent, len(des))
+	for i, de := range des {
+		fi, _ := de.Info()
+		out[i] = experimentalsys.Dirent{Name: de.Name(), Type: de.Type(), Ino: fi.(*fileInfo).ino}
+	}
+	return out, 0
+}
+
+func (s *sysFile) Utimens(atim, mtim int64) experimentalsys.Errno {
+	if mtim == experimentalsys.UTIME_OMIT {
+		return 0
+	}
+	s.h.fs.mu.Lock()
+	s.h.n.mtime = mtim
+	s.h.fs.mu.Unlock()
+	return 0
+}
