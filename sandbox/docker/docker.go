@@ -210,11 +210,14 @@ func (b *Backend) containerConfig(spec sandbox.Spec, imageID string) (*container
 	if spec.Runtime == sandbox.RuntimeRunsc {
 		// gVisor's sentry holds all the sandbox's memory and threads: when
 		// the host's memory or pids limit is hit, the whole sandbox dies
-		// instead of one command. The guest enforces the spec's limits inside
-		// (memory guard, RLIMIT_NPROC); the host limits get headroom above
-		// them and remain a backstop.
+		// (exit 2) instead of one command failing. So the guest enforces the
+		// spec's limits inside (the memory guard, RLIMIT_NPROC, which gVisor
+		// applies per sandbox) and the host limits sit above them as a
+		// backstop: twice the memory plus the sentry's own, and a pids limit
+		// the sentry's host threads never reach (2048 did, under a fork bomb
+		// capped at 96 tasks inside).
 		memory = memory*2 + 128<<20
-		pids = int64(l.PIDs)*16 + 1024
+		pids = 32768
 	}
 	noInit := false
 	hc := &container.HostConfig{
