@@ -53,6 +53,8 @@ func commands() map[string]command {
 	return map[string]command{
 		"version": {"print the version", runVersion},
 		"exec":    {"run one command in a fresh hardened sandbox", runExec},
+		"images":  {"build or list the container images (rollbox images build [NAME...] | list)", runImages},
+		"gc":      {"remove the containers a crashed rollbox left behind", runGC},
 	}
 }
 

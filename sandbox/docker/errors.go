@@ -26,7 +26,7 @@ func translate(what string, err error) error {
 	switch {
 	case client.IsErrConnectionFailed(err) || strings.Contains(msg, "Cannot connect to the Docker daemon") ||
 		strings.Contains(msg, "connect: no such file or directory") || strings.Contains(msg, "connection refused"):
-		return fmt.Errorf("%s: docker engine unreachable (%s): %w", what, engineHint, sandbox.ErrEngineUnavailable)
+		return fmt.Errorf("docker engine unreachable (%s): %w", engineHint, sandbox.ErrEngineUnavailable)
 	case strings.Contains(msg, "unknown or invalid runtime name"):
 		return fmt.Errorf("%s: %s (register it in /etc/docker/daemon.json, see .ci/engine.sh): %w", what, firstLine(msg), sandbox.ErrEngineUnavailable)
 	case errors.Is(err, sandbox.ErrClosed), errors.Is(err, sandbox.ErrSandboxFailed):

@@ -1,0 +1,37 @@
+package main
+
+import (
+	"context"
+	"io"
+	"os"
+
+	"github.com/rollbox/rollbox/images"
+	"github.com/rollbox/rollbox/sandbox"
+	"github.com/rollbox/rollbox/sandbox/docker"
+)
+
+// guestTarget is the guest agent every container runs as PID 1.
+var guestTarget = images.Target{Package: "images/guest", GOOS: "linux", GOARCH: "amd64", Name: "guest"}
+
+// openDocker wires up the docker backend: the guest agent comes from
+// $ROLLBOX_GUEST (a prebuilt static binary) or is built from this module's
+// source, cached by content.
+func openDocker(ctx context.Context, progress io.Writer) (sandbox.Backend, error) {
+	guest := os.Getenv("ROLLBOX_GUEST")
+	if guest == "" {
+		var err error
+		if guest, err = images.NewBuilder(progress).Build(ctx, guestTarget); err != nil {
+			return nil, err
+		}
+	}
+	return docker.New(ctx, docker.Options{GuestPath: guest, Owner: dockerOwner()})
+}
+
+// dockerOwner is the rollbox.owner label of the containers this process
+// makes: $ROLLBOX_OWNER, default "rollbox". `rollbox gc` removes them.
+func dockerOwner() string {
+	if o := os.Getenv("ROLLBOX_OWNER"); o != "" {
+		return o
+	}
+	return docker.DefaultOwner
+}
