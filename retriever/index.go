@@ -319,13 +319,19 @@ func (x *Index) snippet(text string, terms map[string]bool) string {
 			best, from = len(seen), ms[i].start
 		}
 	}
-	// Start a little before the first match, at a word boundary.
+	// Start a little before the best match, keep the window full at the
+	// text's end, and cut on word boundaries.
+	from = max(0, from-SnippetBytes/6)
+	if from+SnippetBytes > len(text) {
+		from = max(0, len(text)-SnippetBytes)
+	}
 	if from > 0 {
-		back := max(0, from-SnippetBytes/6)
-		if i := strings.LastIndexAny(text[back:from], " \n\t"); i >= 0 {
-			back += i + 1
+		if i := strings.IndexAny(text[from:], " \n\t"); i >= 0 && i < SnippetBytes/3 {
+			from += i + 1
 		}
-		from = back
+		for from < len(text) && !utf8.RuneStart(text[from]) {
+			from++
+		}
 	}
 	to := min(len(text), from+SnippetBytes)
 	if to < len(text) {
