@@ -258,7 +258,7 @@ func fbeta(s Spec, in Input) *trajectory.Reward {
 	}
 	final := map[string]bool{}
 	for _, id := range in.IDs {
-		final[id] = true
+		final[relevantID(rel, id)] = true
 	}
 	hit := 0
 	for id := range final {
@@ -275,31 +275,52 @@ func fbeta(s Spec, in Input) *trajectory.Reward {
 		b2 := beta * beta
 		f = (1 + b2) * precision * recall / (b2*precision + recall)
 	}
-	r := &trajectory.Reward{Components: map[string]float64{"fbeta": f, "precision": precision, "recall": recall}}
-	total := f
-	if s.TrajectoryRecallWeight > 0 {
-		seen := map[string]bool{}
-		for _, id := range in.SeenIDs {
-			if rel[id] {
-				seen[id] = true
-			}
+	// Every component is recorded, weighted or not, so that trainers can
+	// see the process terms of runs that did not reward them.
+	seen := map[string]bool{}
+	for _, id := range in.SeenIDs {
+		if id = relevantID(rel, id); rel[id] {
+			seen[id] = true
 		}
-		tr := float64(len(seen)) / float64(len(rel))
-		r.Components["trajectory_recall"] = tr
-		total += s.TrajectoryRecallWeight * tr
 	}
-	if s.PrunePenalty > 0 {
-		singles := 0
-		for _, n := range in.PruneSizes {
-			if n == 1 {
-				singles++
-			}
+	tr := float64(len(seen)) / float64(len(rel))
+	singles := 0
+	for _, n := range in.PruneSizes {
+		if n == 1 {
+			singles++
 		}
-		over := max(0, singles-s.PruneFree)
-		pen := s.PrunePenalty * float64(over)
+	}
+	pen := s.PrunePenalty * float64(max(0, singles-s.PruneFree))
+	r := &trajectory.Reward{Components: map[string]float64{
+		"fbeta": f, "precision": precision, "recall": recall,
+		"trajectory_recall": tr, "prune_penalty": 0,
+	}}
+	if pen > 0 {
 		r.Components["prune_penalty"] = -pen
-		total -= pen
 	}
+	total := f + s.TrajectoryRecallWeight*tr - pen
 	r.Total = math.Round(total*1e9) / 1e9
 	return r
+}
+
+// relevantID maps a chunk id ("<doc-id>#<n>", as the retriever names the
+// parts of a chunked document) to its document's id when that document is
+// relevant and the chunk id itself is not; any other id is itself.
+func relevantID(rel map[string]bool, id string) string {
+	if rel[id] {
+		return id
+	}
+	i := strings.LastIndexByte(id, '#')
+	if i <= 0 || i == len(id)-1 {
+		return id
+	}
+	for _, c := range id[i+1:] {
+		if c < '0' || c > '9' {
+			return id
+		}
+	}
+	if rel[id[:i]] {
+		return id[:i]
+	}
+	return id
 }

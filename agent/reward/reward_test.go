@@ -80,3 +80,45 @@ func TestExactRegexAndCompositeScoreTheAnswer(t *testing.T) {
 		})
 	}
 }
+
+func TestFbetaCountsAChunkAsItsRelevantDocumentOnce(t *testing.T) {
+	s := Spec{Type: "fbeta", Relevant: []string{"net/http", "bufio"}, TrajectoryRecallWeight: 0.25}
+	r, err := Evaluate(context.Background(), s, Input{
+		IDs:     []string{"net/http#2", "net/http#3", "bufio"},
+		SeenIDs: []string{"net/http#1", "bufio#7", "other#1"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Components["precision"] != 1 || r.Components["recall"] != 1 || r.Components["trajectory_recall"] != 1 {
+		t.Errorf("components = %v", r.Components)
+	}
+	if math.Abs(r.Total-1.25) > 1e-9 {
+		t.Errorf("total = %v", r.Total)
+	}
+	// A chunk-like id of a document that is not relevant stays itself.
+	r, _ = Evaluate(context.Background(), s, Input{IDs: []string{"bufio", "net/url#1", "bufio#x"}})
+	if math.Abs(r.Components["precision"]-1.0/3) > 1e-9 {
+		t.Errorf("precision = %v", r.Components["precision"])
+	}
+}
+
+func TestFbetaRecordsEveryComponentEvenUnweighted(t *testing.T) {
+	r, err := Evaluate(context.Background(), Spec{Type: "fbeta", Relevant: []string{"a", "b"}},
+		Input{IDs: []string{"a"}, SeenIDs: []string{"a", "b"}, PruneSizes: []int{1, 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"fbeta", "precision", "recall", "trajectory_recall", "prune_penalty"} {
+		if _, ok := r.Components[k]; !ok {
+			t.Errorf("component %s missing: %v", k, r.Components)
+		}
+	}
+	if r.Components["trajectory_recall"] != 1 || r.Components["prune_penalty"] != 0 || math.Abs(r.Total-r.Components["fbeta"]) > 1e-9 {
+		t.Errorf("unweighted terms changed the total: %v", r)
+	}
+	// beta 4 by default: recall counts 16 times precision.
+	if want := 17 * 1 * 0.5 / (16*1 + 0.5); math.Abs(r.Components["fbeta"]-want) > 1e-9 {
+		t.Errorf("fbeta = %v, want %v", r.Components["fbeta"], want)
+	}
+}

@@ -28,7 +28,11 @@ type Spec struct {
 	Pattern         string `json:"pattern,omitempty"`
 	CaseInsensitive bool   `json:"case_insensitive,omitempty"`
 
-	// fbeta
+	// fbeta: F-beta of the ids given to finish against Relevant (beta
+	// default 4: recall weighs 16 times precision). A chunk id
+	// "<doc-id>#<n>" counts as its document when that document is relevant.
+	// Components fbeta, precision, recall, trajectory_recall and
+	// prune_penalty are always recorded; only weighted ones change the total.
 	Beta     float64  `json:"beta,omitempty"`
 	Relevant []string `json:"relevant,omitempty"`
 	// TrajectoryRecallWeight weights the recall of relevant ids seen at any
