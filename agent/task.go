@@ -108,6 +108,9 @@ const (
 // DefaultTools are offered when a task names none.
 var DefaultTools = []string{"bash", "read_file", "write_file", "edit", "run_tests", "finish"}
 
+// DefaultSearchTools are offered when a task with a retriever names none.
+var DefaultSearchTools = []string{"search", "read", "prune", "finish"}
+
 var taskIDRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
 // WithDefaults fills unset limits and tools.
@@ -130,6 +133,9 @@ func (t *Task) WithDefaults() {
 	}
 	if l.MaxStoredOutputBytes == 0 {
 		l.MaxStoredOutputBytes = DefaultMaxStoredOutputBytes
+	}
+	if len(t.Tools) == 0 && t.Retriever != nil {
+		t.Tools = append([]string{}, DefaultSearchTools...)
 	}
 	if len(t.Tools) == 0 {
 		t.Tools = append([]string{}, DefaultTools...)
@@ -256,7 +262,38 @@ func (t *Task) Validate(knownTools func(string) bool) error {
 	if t.Retriever != nil && t.Retriever.Index == "" {
 		return errors.New("retriever.index: required")
 	}
+	if t.Retriever != nil && t.Retriever.ContextTokens < 0 {
+		return fmt.Errorf("retriever.context_tokens: %d is negative", t.Retriever.ContextTokens)
+	}
+	if t.Retriever == nil {
+		for i, name := range t.Tools {
+			if name == "search" || name == "read" || name == "prune" {
+				return fmt.Errorf("tools[%d]: %s needs a retriever: {\"retriever\": {\"index\": \"DIR\"}}", i, name)
+			}
+		}
+	}
 	return nil
+}
+
+// IndexPath is the retriever's index directory resolved against the task
+// file's directory ("" without a retriever).
+func (t *Task) IndexPath() string {
+	if t.Retriever == nil {
+		return ""
+	}
+	if filepath.IsAbs(t.Retriever.Index) || t.dir == "" {
+		return t.Retriever.Index
+	}
+	return filepath.Join(t.dir, t.Retriever.Index)
+}
+
+// ContextTokens is the budget of documents a search episode may hold in
+// its context: retriever.context_tokens, or half of max_context_tokens.
+func (t *Task) ContextTokens() int64 {
+	if t.Retriever != nil && t.Retriever.ContextTokens > 0 {
+		return t.Retriever.ContextTokens
+	}
+	return int64(t.Limits.MaxContextTokens) / 2
 }
 
 // WorkspacePath is the workspace source resolved against the task file's directory.
