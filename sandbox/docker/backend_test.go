@@ -1,0 +1,202 @@
+package docker_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/client"
+
+	"github.com/rollbox/rollbox/sandbox"
+	"github.com/rollbox/rollbox/sandbox/docker"
+)
+
+func TestContainersAreHardenedByDefault(t *testing.T) {
+	b := need(t)
+	ctx := context.Background()
+	sb, err := b.Create(ctx, sandbox.Spec{Image: "base", Limits: sandbox.Limits{MemoryMB: 128, PIDs: 50, CPUs: 0.5, DiskMB: 20, TmpMB: 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	in, err := b.Client().ContainerInspect(ctx, sb.Info().ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := in.HostConfig
+	checks := []struct {
+		what string
+		ok   bool
+	}{
+		{"network none", string(hc.NetworkMode) == "none"},
+		{"all capabilities dropped", len(hc.CapDrop) == 1 && strings.EqualFold(hc.CapDrop[0], "ALL")},
+		{"no-new-privileges", len(hc.SecurityOpt) == 1 && hc.SecurityOpt[0] == "no-new-privileges"},
+		{"read-only root", hc.ReadonlyRootfs},
+		{"memory with swap equal", hc.Memory == 128<<20 && hc.MemorySwap == hc.Memory},
+		{"cpu quota", hc.NanoCPUs == 5e8},
+		{"pids limit", hc.PidsLimit != nil && *hc.PidsLimit > 50 && *hc.PidsLimit < 100},
+		{"no docker init (the guest is PID 1)", hc.Init != nil && !*hc.Init},
+		{"workdir tmpfs sized", strings.Contains(hc.Tmpfs["/work"], "size=20m")},
+		{"/tmp tmpfs sized", strings.Contains(hc.Tmpfs["/tmp"], "size=10m")},
+		{"user nobody", in.Config.User == docker.DefaultUser},
+		{"owner label", in.Config.Labels[docker.LabelOwner] != ""},
+		{"spec label", in.Config.Labels[docker.LabelSpec] != ""},
+		{"image digest in Info", sb.Info().ImageDigest == in.Image},
+	}
+	for _, c := range checks {
+		if !c.ok {
+			t.Errorf("not hardened: %s (%+v)", c.what, hc)
+		}
+	}
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{Shell: "id -u; touch /x 2>/dev/null && echo root-writable; touch /work/y && echo work-writable; grep CapEff /proc/self/status"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(res.Stdout); !strings.HasPrefix(got, "65534\nwork-writable\nCapEff:\t0000000000000000") {
+		t.Errorf("inside: %q %q", got, res.Stderr)
+	}
+}
+
+func TestMissingImagesAreNamed(t *testing.T) {
+	b := need(t)
+	_, err := b.Create(context.Background(), sandbox.Spec{Image: "docker:rollbox/no-such-image:none"})
+	if !errors.Is(err, sandbox.ErrImageNotFound) || !strings.Contains(err.Error(), "rollbox/no-such-image:none") {
+		t.Errorf("err = %v, want ErrImageNotFound naming the image", err)
+	}
+	_, err = b.Create(context.Background(), sandbox.Spec{Image: "ubuntu"})
+	var fe *sandbox.FieldError
+	if !errors.As(err, &fe) || fe.Field != "image" {
+		t.Errorf("an unknown recipe: err = %v, want a FieldError on image", err)
+	}
+}
+
+func TestAnUnreachableEngineGivesAOneLineHint(t *testing.T) {
+	cli, err := client.NewClientWithOpts(client.WithHost("unix://"+filepath.Join(t.TempDir(), "no.sock")), client.WithAPIVersionNegotiation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	guest := env.guest
+	if guest == "" {
+		guest = "/bin/true"
+	}
+	_, err = docker.New(context.Background(), docker.Options{GuestPath: guest, Client: cli})
+	if !errors.Is(err, sandbox.ErrEngineUnavailable) {
+		t.Fatalf("err = %v, want ErrEngineUnavailable", err)
+	}
+	if msg := err.Error(); strings.Contains(msg, "\n") || !strings.Contains(msg, ".ci/engine.sh") {
+		t.Errorf("message %q: want one line with the hint", msg)
+	}
+}
+
+func TestCleanupRemovesEveryContainerOfItsOwnerAndIsSafeTwice(t *testing.T) {
+	need(t)
+	ctx := context.Background()
+	owner := testOwner + "-cleanup"
+	b, err := docker.New(ctx, docker.Options{GuestPath: env.guest, Owner: owner})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	var sbs []sandbox.Sandbox
+	for range 2 {
+		sb, err := b.Create(ctx, sandbox.Spec{Image: "base"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sbs = append(sbs, sb) // deliberately not closed: a crashed process
+	}
+	if n, err := docker.Cleanup(ctx, b.Client(), owner); err != nil || n != 2 {
+		t.Fatalf("first cleanup: removed %d, err %v; want 2", n, err)
+	}
+	if n, err := docker.Cleanup(ctx, b.Client(), owner); err != nil || n != 0 {
+		t.Fatalf("second cleanup: removed %d, err %v; want 0", n, err)
+	}
+	// A sandbox whose container vanished fails as infrastructure, not as the command.
+	_, err = sbs[0].Exec(ctx, sandbox.ExecRequest{Argv: []string{"true"}})
+	if !errors.Is(err, sandbox.ErrSandboxFailed) {
+		t.Errorf("exec in a removed container: %v, want ErrSandboxFailed", err)
+	}
+	for _, sb := range sbs {
+		if err := sb.Close(); err != nil {
+			t.Errorf("Close after cleanup: %v", err)
+		}
+	}
+}
+
+func TestSeedCopiesAHostTreeThroughTheGuest(t *testing.T) {
+	b := need(t)
+	ctx := context.Background()
+	src := t.TempDir()
+	os.MkdirAll(filepath.Join(src, "pkg"), 0o755)
+	os.WriteFile(filepath.Join(src, "pkg", "calc.py"), []byte("def add(a, b):\n    return a - b\n"), 0o644)
+	os.WriteFile(filepath.Join(src, "run.sh"), []byte("#!/bin/sh\necho ran\n"), 0o755)
+	os.Symlink("/etc/passwd", filepath.Join(src, "link")) // skipped, never followed
+	files, err := sandbox.FilesFromHost(src, "/work")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := b.Create(ctx, sandbox.Spec{Image: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	if err := sandbox.Seed(ctx, sb, files); err != nil {
+		t.Fatal(err)
+	}
+	res, err := sb.Exec(ctx, sandbox.ExecRequest{Shell: "./run.sh; cat pkg/calc.py | head -1; ls -a /work | tr '\\n' ' '"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(res.Stdout); got != "ran\ndef add(a, b):\n. .. pkg run.sh " {
+		t.Errorf("seeded tree: %q %q", got, res.Stderr)
+	}
+}
+
+func TestConcurrentCloseAndExecHammer(t *testing.T) {
+	b := need(t)
+	ctx := context.Background()
+	sb, err := b.Create(ctx, sandbox.Spec{Image: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for i := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				_, err := sb.Exec(ctx, sandbox.ExecRequest{Shell: "echo x"})
+				if err != nil {
+					errs <- err
+					return
+				}
+				if i%2 == 0 {
+					_, err = sb.ReadFile(ctx, "/etc/passwd", 0)
+					if err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	for range 4 {
+		wg.Add(1)
+		go func() { defer wg.Done(); sb.Close() }()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if !errors.Is(err, sandbox.ErrClosed) {
+			t.Errorf("a call racing Close failed with %v, want ErrClosed", err)
+		}
+	}
+}
