@@ -91,6 +91,15 @@ func (f *FS) newNode(mode fs.FileMode) *node {
 	return n
 }
 
+// Drop empties the filesystem and refuses growth from then on, releasing
+// every file's memory.
+func (f *FS) Drop() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.root.children = map[string]*node{}
+	f.used, f.limit = 0, 0
+}
+
 // Used reports the bytes charged against the quota.
 func (f *FS) Used() int64 {
 	f.mu.RLock()
