@@ -200,3 +200,23 @@ func TestConcurrentCloseAndExecHammer(t *testing.T) {
 		}
 	}
 }
+
+func TestASecondImageBuildIsANoOp(t *testing.T) {
+	b := need(t)
+	ctx := context.Background()
+	first, err := docker.BuildImage(ctx, b.Client(), "base", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := docker.BuildImage(ctx, b.Client(), "base", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.Built || second.ID != first.ID || !strings.HasPrefix(second.Ref, "rollbox/base:") {
+		t.Errorf("second build: %+v, first %+v", second, first)
+	}
+	in, err := b.Client().ImageInspect(ctx, "rollbox/base:latest")
+	if err != nil || in.ID != first.ID || in.Config.Labels[docker.LabelRecipe] != "base" {
+		t.Errorf("latest tag: %v %v", in.ID, err)
+	}
+}
