@@ -55,6 +55,7 @@ func commands() map[string]command {
 		"exec":    {"run one command in a fresh hardened sandbox", runExec},
 		"images":  {"build or list the container images (rollbox images build [NAME...] | list)", runImages},
 		"gc":      {"remove the containers a crashed rollbox left behind", runGC},
+		"index":   {"build, inspect or query a search index (rollbox index build --corpus FILE --out DIR)", runIndex},
 	}
 }
 
