@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io/fs"
 	"math"
@@ -178,6 +179,10 @@ func TestPrunedDocumentsAreGoneFromTheMessagesThePolicyGetsNext(t *testing.T) {
 	}
 	if want := wantF + 0.5 - 0.1; math.Abs(tr.Reward.Total-want) > 1e-6 {
 		t.Errorf("total = %v, want %v", tr.Reward.Total, want)
+	}
+	doc, _ := json.Marshal(tr)
+	if err := trajectory.Validate(doc); err != nil {
+		t.Errorf("the trajectory does not validate: %v", err)
 	}
 }
 
