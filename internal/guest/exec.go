@@ -100,10 +100,14 @@ func (s *Server) run(ctx context.Context, req *guestproto.Exec) (*guestproto.Exe
 		if stdinW != nil {
 			stdinW.Close()
 		}
-		fmt.Fprintf(stderr, "rollbox: %s: %v\n", argv[0], err)
+		if errors.Is(err, syscall.EAGAIN) {
+			fmt.Fprintf(stderr, "rollbox: cannot start %s: %v (the pids limit is reached)\n", argv[0], err)
+		} else {
+			fmt.Fprintf(stderr, "rollbox: %s: %v\n", argv[0], err)
+		}
 		res.ExitCode = 127
-		if errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.ENOEXEC) {
-			res.ExitCode = 126
+		if !errors.Is(err, syscall.ENOENT) {
+			res.ExitCode = 126 // found but could not be run
 		}
 		return finish(), nil
 	}

@@ -8,7 +8,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -62,6 +61,8 @@ const guardInterval = 5 * time.Millisecond
 func (s *Server) guardLoop(limit int64) {
 	t := time.NewTicker(guardInterval)
 	defer t.Stop()
+	var victim *command // killed, not yet gone: its memory is not yet freed
+	var settled time.Time
 	for {
 		select {
 		case <-s.ctx.Done():
@@ -70,15 +71,24 @@ func (s *Server) guardLoop(limit int64) {
 		}
 		s.guardMu.Lock()
 		n := len(s.guarded)
+		if victim != nil && !s.guarded[victim] {
+			// The victim's command has ended; give the sandbox a moment to
+			// free its memory before judging anyone else.
+			victim, settled = nil, time.Now().Add(guardSettle)
+		}
 		s.guardMu.Unlock()
-		if n == 0 {
+		if n == 0 || victim != nil || time.Now().Before(settled) {
 			continue
 		}
 		if used := memUsed(); used > limit {
-			s.killLargest()
+			victim = s.killLargest()
 		}
 	}
 }
+
+// guardSettle is how long the guard waits after a victim ended before it
+// may kill again.
+const guardSettle = 200 * time.Millisecond
 
 // memUsed is MemTotal - MemAvailable, in bytes.
 func memUsed() int64 {
@@ -109,8 +119,8 @@ func memUsed() int64 {
 }
 
 // killLargest kills the guarded command whose session holds the most
-// resident memory.
-func (s *Server) killLargest() {
+// resident memory, and returns it.
+func (s *Server) killLargest() *command {
 	rss := map[int]int64{}
 	page := int64(os.Getpagesize())
 	for _, st := range listProcs() {
@@ -135,8 +145,8 @@ func (s *Server) killLargest() {
 	if victim != nil {
 		victim.oomKilled.Store(true)
 		s.procs.killSession(victim.pid)
-		syscall.Kill(victim.pid, syscall.SIGKILL)
 	}
+	return victim
 }
 
 func (s *Server) guardAdd(c *command) {

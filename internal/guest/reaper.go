@@ -94,6 +94,23 @@ func (p *procs) reap(sigc chan os.Signal) {
 // duration of the fork (the child inherits it) and lowers it back, so the
 // kernel's OOM killer picks a command, never the guest.
 func (p *procs) spawn(path string, argv, env []string, dir string, files []uintptr) (int, chan syscall.WaitStatus, error) {
+	// A fork that fails for want of processes (EAGAIN: the pids limit or
+	// RLIMIT_NPROC) is retried for a while: the processes of a command that
+	// was just killed take a moment to go away.
+	deadline := time.Now().Add(spawnRetry)
+	for delay := time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
+		pid, ch, err := p.fork(path, argv, env, dir, files)
+		if err != syscall.EAGAIN || time.Now().After(deadline) {
+			return pid, ch, err
+		}
+		time.Sleep(delay)
+	}
+}
+
+// spawnRetry bounds how long spawn retries a fork that fails with EAGAIN.
+const spawnRetry = 3 * time.Second
+
+func (p *procs) fork(path string, argv, env []string, dir string, files []uintptr) (int, chan syscall.WaitStatus, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.oomAdj != nil {
