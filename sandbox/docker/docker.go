@@ -153,6 +153,9 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 		return nil, err
 	}
 	spec = spec.WithDefaults()
+	if spec.Limits.OutputBytes > sandbox.MaxFileBytes {
+		return nil, &sandbox.FieldError{Field: "limits.output_bytes", Message: fmt.Sprintf("%d is above the %d maximum", spec.Limits.OutputBytes, sandbox.MaxFileBytes)}
+	}
 	ref, err := ResolveImage(spec.Image)
 	if err != nil {
 		return nil, err
