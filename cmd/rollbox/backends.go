@@ -15,6 +15,8 @@ const defaultBackend = "wasm"
 // each first-use build.
 func openBackend(ctx context.Context, name string, progress io.Writer) (sandbox.Backend, error) {
 	switch name {
+	case "wasm":
+		return openWASM(ctx, progress)
 	case "docker":
 		return openDocker(ctx, progress)
 	default:

@@ -177,7 +177,7 @@ func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Re
 	progs := &execPrograms{b: s.b, sb: s, memLimit: uint64(s.spec.Limits.MemoryMB) << 20}
 	cfg := shell.Config{
 		FS: s.fs, Env: env, Dir: dir, Stdin: stdin, Stdout: out, Stderr: errw,
-		Limits:  shell.Limits{MemoryBytes: int64(s.spec.Limits.MemoryMB) << 20, Goroutines: 4 * s.spec.Limits.PIDs},
+		Limits:  shell.Limits{MemoryBytes: int64(s.spec.Limits.MemoryMB) << 20, Jobs: s.spec.Limits.PIDs},
 		Program: progs,
 	}
 	var o shell.Outcome

@@ -35,6 +35,7 @@ func TestConformance(t *testing.T) {
 		NoSignals:      "WASI has no signals: a command ends by exiting, a trap or the timeout",
 		NoProcesses:    "WASI has no processes: background jobs and pipeline stages are goroutines of the host-side shell, all stopped with the command",
 		NoNetworkStack: "WASI preview 1 modules get no sockets and the shell has no network commands",
+		BoundsJobs:     true,
 		Remains: func(t *testing.T, info sandbox.Info) []string {
 			var left []string
 			if slices.Contains(testBackend.Live(), info.ID) {
@@ -93,6 +94,9 @@ func TestGuestPrograms(t *testing.T) {
 		{"python sys.exit sets the status", sandbox.ExecRequest{Argv: []string{"python", "-c", "import sys; sys.exit(3)"}}, 3, "", ""},
 		{"python uncaught exception is status 1 with a traceback", sandbox.ExecRequest{Argv: []string{"python", "-c", "1/0"}}, 1, "", "ZeroDivisionError"},
 		{"python reads and writes the episode's files", sandbox.ExecRequest{Shell: `python -c "open('/work/out.txt','w').write('hi')"; cat /work/out.txt`}, 0, "hi", ""},
+		{"python has the common str, list and dict methods", sandbox.ExecRequest{Argv: []string{"python", "-c",
+			`l = [3, 1]; l.insert(0, 9); d = {"k": 1}; d.update({"j": 2}); print("-".join(["a", "b"]), "x{}y{:>3}{:.2f}".format(1, 2, 0.5), "ab".upper(), l.pop(), sorted(d.keys()))`}},
+			0, "a-b x1y  20.50 AB 1 ['j', 'k']\n", ""},
 		{"python in a pipeline", sandbox.ExecRequest{Shell: `python -c "print('x\ny')" | wc -l`}, 0, "2\n", ""},
 		{"js -e logs", sandbox.ExecRequest{Argv: []string{"js", "-e", "console.log(1+1)"}}, 0, "2\n", ""},
 		{"js runs a file", sandbox.ExecRequest{Shell: "node prog.js q"}, 0, "[3,6] [\"q\"]\n", ""},

@@ -61,6 +61,7 @@ func run(args []string) int {
 		}
 	}
 	registerSys()
+	addMethods()
 	ctx := newContext(argv, []string{".", "/usr/lib/python"})
 	defer ctx.Close()
 	code, err := py.Compile(src+"\n", name, py.ExecMode, 0, true)

@@ -25,7 +25,7 @@ func registerSys() {
 			"__stdin__": stdin, "__stdout__": stdout, "__stderr__": stderr,
 			"executable": py.String("/usr/bin/python3"), "platform": py.String("wasi"),
 			"version": py.String(version), "maxsize": py.Int(1<<63 - 1),
-			"byteorder": py.String("little"),
+			"byteorder":    py.String("little"),
 			"version_info": py.Tuple{py.Int(3), py.Int(4), py.Int(0), py.String("final"), py.Int(0)},
 		},
 	})

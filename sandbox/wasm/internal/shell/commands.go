@@ -57,6 +57,17 @@ func init() {
 		"stat": cmdStat, "du": cmdDu, "expr": cmdExpr, "paste": cmdPaste,
 		"__rb_line": cmdLine(false), "__rb_line_raw": cmdLine(true), "__rb_cap": cmdCap,
 		"__rb_refuse": cmdRefuse, "__rb_which": cmdWhich,
+		"__rb_job_begin": func(c *cmd) int {
+			if !c.s.g.jobBegin() {
+				return 137
+			}
+			return 0
+		},
+		"__rb_job_end": func(c *cmd) int {
+			c.s.g.jobEnd()
+			code, _ := strconv.Atoi(c.args[len(c.args)-1])
+			return code
+		},
 	}
 }
 
@@ -323,7 +334,11 @@ func readAllCapped(c *cmd, r io.Reader) ([]byte, error) {
 	limit := c.s.g.limits.MemoryBytes
 	data, err := io.ReadAll(io.LimitReader(r, limit+1))
 	if int64(len(data)) > limit {
-		return nil, c.s.g.outOfMemory("%s: input larger than the %d MB memory limit", c.args[0], limit>>20)
+		name := c.args[0]
+		if name == "__rb_cap" {
+			name = "mapfile"
+		}
+		return nil, c.s.g.outOfMemory("%s: input larger than the %d MB memory limit", name, limit>>20)
 	}
 	if err != nil && !errors.Is(err, io.EOF) {
 		return data, err

@@ -1,7 +1,6 @@
 package shell
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -9,12 +8,10 @@ import (
 	"io"
 	"math"
 	"runtime"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"mvdan.cc/sh/v3/expand"
 	"mvdan.cc/sh/v3/interp"
@@ -40,14 +37,16 @@ import (
 //   - code built at run time (eval, trap, source) is parsed and instrumented
 //     the same way before it runs; process substitution (a host FIFO) and
 //     brace expansions over maxBraceFields fields are refused;
-//   - goroutines (pipeline stages, background jobs) carry a pprof label of
-//     their command line, and when the process holds many, an audit counts
-//     them per command line and stops those over their cap.
+//   - every job (a pipeline stage or a background command, each a
+//     goroutine and possibly a pipe) is wrapped at parse time as
+//     { __rb_job_begin; ( JOB ) && __rb_job_end 0 || __rb_job_end $?; },
+//     which keeps the job's status and always reaches the end (an exit or
+//     errexit stays inside the subshell), so the guard counts the jobs
+//     alive and stops a command line that holds more than its cap.
 type guard struct {
-	limits   Limits
-	cancel   context.CancelCauseFunc
-	governor *governor
-	id       string
+	limits Limits
+	cancel context.CancelCauseFunc
+	jobs   atomic.Int64
 
 	oom     atomic.Bool
 	mu      sync.Mutex
@@ -71,8 +70,8 @@ func newGuard(l Limits) *guard {
 	if l.MemoryBytes <= 0 {
 		l.MemoryBytes = 64 << 20
 	}
-	if l.Goroutines <= 0 {
-		l.Goroutines = 1024
+	if l.Jobs <= 0 {
+		l.Jobs = 256
 	}
 	return &guard{limits: l, sources: map[string][]byte{}}
 }
@@ -154,9 +153,6 @@ func (g *guard) checkCall(hc interp.HandlerContext, args []string) error {
 	}
 	if used := g.state(hc) + argBytes; used > g.limits.MemoryBytes {
 		return g.outOfMemory("the shell's variables and arguments would exceed the %d MB memory limit", g.limits.MemoryBytes>>20)
-	}
-	if g.governor != nil {
-		g.governor.maybeAudit()
 	}
 	return nil
 }
@@ -403,6 +399,8 @@ func (g *guard) instrument(f *syntax.File) error {
 	var err error
 	var words []*syntax.Word
 	var reads []*syntax.Stmt
+	var bgs []*syntax.Stmt
+	var pipes []*syntax.BinaryCmd
 	// stack of the nodes being visited, to know a word's context.
 	var stack []syntax.Node
 	syntax.Walk(f, func(n syntax.Node) bool {
@@ -428,7 +426,14 @@ func (g *guard) instrument(f *syntax.File) error {
 			if topLevelWord(stack) && hasExpansion(n.Parts) {
 				words = append(words, n)
 			}
+		case *syntax.BinaryCmd:
+			if n.Op == syntax.Pipe || n.Op == syntax.PipeAll {
+				pipes = append(pipes, n)
+			}
 		case *syntax.Stmt:
+			if n.Background || n.Disown {
+				bgs = append(bgs, n)
+			}
 			if call, ok := n.Cmd.(*syntax.CallExpr); ok && len(call.Args) > 0 {
 				switch call.Args[0].Lit() {
 				case "read", "mapfile", "readarray":
@@ -466,8 +471,46 @@ func (g *guard) instrument(f *syntax.File) error {
 			X: &syntax.Stmt{Cmd: &syntax.CallExpr{Args: []*syntax.Word{lit(feeder)}}},
 			Y: &syntax.Stmt{Cmd: call}}
 	}
+	for _, st := range bgs {
+		inner := *st
+		inner.Background, inner.Disown = false, false
+		*st = syntax.Stmt{Cmd: countedJob(&inner).Cmd, Background: true, Position: st.Position}
+	}
+	for _, bc := range pipes {
+		bc.X = countedJob(bc.X)
+	}
 	return nil
 }
+
+// countedJob wraps a job so the guard counts it while it runs:
+// { __rb_job_begin; ( JOB ) && __rb_job_end 0 || __rb_job_end $?; }
+func countedJob(job *syntax.Stmt) *syntax.Stmt {
+	call := func(args ...*syntax.Word) *syntax.Stmt { return &syntax.Stmt{Cmd: &syntax.CallExpr{Args: args}} }
+	status := &syntax.Word{Parts: []syntax.WordPart{&syntax.ParamExp{Short: true, Param: &syntax.Lit{Value: "?"}}}}
+	and := &syntax.BinaryCmd{Op: syntax.AndStmt,
+		X: &syntax.Stmt{Cmd: &syntax.Subshell{Stmts: []*syntax.Stmt{job}}},
+		Y: call(lit("__rb_job_end"), lit("0"))}
+	or := &syntax.BinaryCmd{Op: syntax.OrStmt, X: &syntax.Stmt{Cmd: and}, Y: call(lit("__rb_job_end"), status)}
+	return &syntax.Stmt{Cmd: &syntax.Block{Stmts: []*syntax.Stmt{call(lit("__rb_job_begin")), {Cmd: or}}}}
+}
+
+// jobBegin counts a job in; past the cap the command line is stopped.
+func (g *guard) jobBegin() bool {
+	if n := g.jobs.Add(1); n > int64(g.limits.Jobs) {
+		g.mu.Lock()
+		if g.why == "" {
+			g.why = fmt.Sprintf("more than %d concurrent jobs (pipeline stages and background commands)", g.limits.Jobs)
+		}
+		g.mu.Unlock()
+		if g.cancel != nil {
+			g.cancel(ErrTooManyJobs)
+		}
+		return false
+	}
+	return true
+}
+
+func (g *guard) jobEnd() { g.jobs.Add(-1) }
 
 func lit(s string) *syntax.Word {
 	return &syntax.Word{Parts: []syntax.WordPart{&syntax.Lit{Value: s}}}
@@ -563,108 +606,6 @@ func absDiff(a, b int64) int64 {
 		return a - b
 	}
 	return b - a
-}
-
-// governor audits goroutines per command line when the process holds many.
-type governor struct {
-	mu        sync.Mutex
-	lastAudit time.Time
-	guards    map[string]*guard
-	next      atomic.Int64
-}
-
-var theGovernor = &governor{guards: map[string]*guard{}}
-
-const guardLabel = "rollbox_shell"
-
-func (g *guard) register() {
-	g.governor = theGovernor
-	g.id = strconv.FormatInt(theGovernor.next.Add(1), 10)
-	theGovernor.mu.Lock()
-	theGovernor.guards[g.id] = g
-	theGovernor.mu.Unlock()
-}
-
-func (g *guard) unregister() {
-	theGovernor.mu.Lock()
-	delete(theGovernor.guards, g.id)
-	theGovernor.mu.Unlock()
-}
-
-// withGuardLabels labels the calling goroutine, and so every goroutine the
-// interpreter starts from it, with the command line's id.
-func withGuardLabels(ctx context.Context, g *guard) context.Context {
-	ctx = pprof.WithLabels(ctx, pprof.Labels(guardLabel, g.id))
-	pprof.SetGoroutineLabels(ctx)
-	return ctx
-}
-
-// softGoroutines is the process-wide count above which audits run.
-func (gv *governor) softGoroutines() int {
-	gv.mu.Lock()
-	n := len(gv.guards)
-	gv.mu.Unlock()
-	return 2048 + 16*n
-}
-
-func (gv *governor) maybeAudit() {
-	if runtime.NumGoroutine() < gv.softGoroutines() {
-		return
-	}
-	if !gv.mu.TryLock() {
-		return
-	}
-	if time.Since(gv.lastAudit) < 20*time.Millisecond {
-		gv.mu.Unlock()
-		return
-	}
-	gv.lastAudit = time.Now()
-	gv.mu.Unlock()
-	counts := countLabeledGoroutines()
-	gv.mu.Lock()
-	var over []*guard
-	for id, n := range counts {
-		if g := gv.guards[id]; g != nil && n > g.limits.Goroutines {
-			over = append(over, g)
-		}
-	}
-	gv.mu.Unlock()
-	for _, g := range over {
-		g.mu.Lock()
-		if g.why == "" {
-			g.why = fmt.Sprintf("more than %d concurrent jobs (pipeline stages and background commands)", g.limits.Goroutines)
-		}
-		g.mu.Unlock()
-		g.cancel(ErrTooManyJobs)
-	}
-}
-
-// countLabeledGoroutines reads the goroutine profile and counts goroutines
-// per command-line label.
-func countLabeledGoroutines() map[string]int {
-	var buf bytes.Buffer
-	pprof.Lookup("goroutine").WriteTo(&buf, 1)
-	counts := map[string]int{}
-	sc := bufio.NewScanner(&buf)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	n := 0
-	key := `"` + guardLabel + `":"`
-	for sc.Scan() {
-		line := sc.Text()
-		if c, _, ok := strings.Cut(line, " @ "); ok {
-			if v, err := strconv.Atoi(c); err == nil {
-				n = v
-			}
-			continue
-		}
-		if strings.HasPrefix(line, "# labels:") {
-			if _, rest, ok := strings.Cut(line, key); ok {
-				id, _, _ := strings.Cut(rest, `"`)
-				counts[id] += n
-			}
-		}
-	}
-	return counts
 }
 
 var _ = errors.New

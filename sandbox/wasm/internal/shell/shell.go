@@ -17,7 +17,6 @@ import (
 	"io/fs"
 	"os"
 	"path"
-	"runtime/pprof"
 	"slices"
 	"strings"
 	"syscall"
@@ -65,9 +64,9 @@ type Limits struct {
 	// MemoryBytes caps the shell's own state: variables, expansions,
 	// command-substitution buffers, lines read.
 	MemoryBytes int64
-	// Goroutines caps the concurrent jobs (pipeline stages, background
-	// commands) of the command line.
-	Goroutines int
+	// Jobs caps the concurrent jobs (pipeline stages, background
+	// commands: goroutines here) of the command line.
+	Jobs int
 }
 
 // ErrOOM is returned (wrapped) when a command line exceeded its memory cap.
@@ -117,13 +116,6 @@ func runWithGuard(ctx context.Context, cfg Config, g *guard, load func() (syntax
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	g.cancel = cancel
-	if g.governor == nil {
-		g.register()
-		defer g.unregister()
-	}
-	orig := ctx
-	ctx = withGuardLabels(ctx, g)
-	defer pprof.SetGoroutineLabels(orig)
 	s := &session{cfg: cfg, g: g}
 	code := s.run(ctx, load, cfg.Dir, cfg.Env, params, cfg.Stdin, cfg.Stdout, cfg.Stderr)
 	out := Outcome{ExitCode: code}

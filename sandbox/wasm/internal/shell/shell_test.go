@@ -3,6 +3,7 @@ package shell
 import (
 	"bytes"
 	"context"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -41,7 +42,7 @@ func runLimit(t *testing.T, fsys *vfs.FS, script string, mem int64) (string, str
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	o := RunScript(ctx, Config{FS: fsys, Env: map[string]string{"PATH": "/usr/bin:/bin", "HOME": "/root"},
-		Dir: "/work", Stdout: &out, Stderr: &errb, Limits: Limits{MemoryBytes: mem, Goroutines: 256}}, script)
+		Dir: "/work", Stdout: &out, Stderr: &errb, Limits: Limits{MemoryBytes: mem, Jobs: 256}}, script)
 	return out.String(), errb.String(), o
 }
 
@@ -142,12 +143,33 @@ func TestGuardStopsMemoryGrowth(t *testing.T) {
 }
 
 func TestGuardStopsJobFloods(t *testing.T) {
-	start := time.Now()
-	_, errs, o := run(t, newFS(), `bomb() { bomb | bomb & }; bomb; sleep 5`)
-	if o.ExitCode == 0 {
-		t.Errorf("fork bomb exited 0 (stderr %q)", errs)
+	before := runtime.NumGoroutine()
+	for _, script := range []string{`bomb() { bomb | bomb & }; bomb; sleep 5`, `b() { b | b; }; b`, `while true; do sleep 10 & done`} {
+		start := time.Now()
+		_, errs, o := run(t, newFS(), script)
+		if o.ExitCode != 137 || !strings.Contains(o.Reason, "concurrent jobs") {
+			t.Errorf("%q: exit %d reason %q (stderr %q)", script, o.ExitCode, o.Reason, errs)
+		}
+		t.Logf("%q: exit %d reason %q in %v", script, o.ExitCode, o.Reason, time.Since(start))
 	}
-	t.Logf("fork bomb: exit %d reason %q in %v", o.ExitCode, o.Reason, time.Since(start))
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > before+10 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before+10 {
+		t.Errorf("%d goroutines left behind (%d before)", n-before, before)
+	}
+}
+
+func TestJobsKeepTheirStatus(t *testing.T) {
+	out, errs, o := run(t, newFS(), `set -o pipefail; false | true; echo $?; (exit 3) & wait $!; echo $?; set -e; false | true; echo reached`)
+	if out != "1\n3\n" || o.ExitCode != 1 {
+		t.Errorf("stdout %q exit %d stderr %q", out, o.ExitCode, errs)
+	}
+	out, _, _ = run(t, newFS(), `for i in $(seq 300); do echo $i | cat >/dev/null; done; echo done`)
+	if out != "done\n" {
+		t.Errorf("sequential pipelines: %q", out)
+	}
 }
 
 func TestRefusedConstructs(t *testing.T) {
