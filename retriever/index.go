@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/blevesearch/bleve/v2"
@@ -129,6 +130,12 @@ type Hit struct {
 // ErrInvalidQuery for an empty query, K outside 0..MaxK or an empty filter
 // name; ErrClosed after Close; the context's error when it ends first.
 func (x *Index) Search(ctx context.Context, q Query) (Results, error) {
+	return x.search(ctx, q, true)
+}
+
+// search is Search; without details it returns ids and scores only (the
+// benchmarks' baseline: ranking without stored fields and snippets).
+func (x *Index) search(ctx context.Context, q Query, details bool) (Results, error) {
 	text := strings.TrimSpace(q.Text)
 	if text == "" {
 		return Results{}, fmt.Errorf("%w: the query is empty", ErrInvalidQuery)
@@ -167,12 +174,17 @@ func (x *Index) Search(ctx context.Context, q Query) (Results, error) {
 		qq = bq
 	}
 	req := bleve.NewSearchRequestOptions(qq, k, 0, false)
-	req.Fields = []string{fieldTitle, fieldText, fieldParent, fieldChunk, fieldChunks}
+	if details {
+		req.Fields = []string{fieldTitle, fieldText, fieldParent, fieldChunk, fieldChunks}
+	}
 	res, err := x.idx.SearchInContext(ctx, req)
 	if err != nil {
 		return Results{}, x.wrap(err)
 	}
-	terms := x.terms(text)
+	var terms map[string]bool
+	if details {
+		terms = x.terms(text)
+	}
 	out := Results{Total: res.Total, Hits: make([]Hit, 0, len(res.Hits))}
 	for _, h := range res.Hits {
 		hit := Hit{ID: h.ID, Score: h.Score, Title: str(h.Fields[fieldTitle]), Parent: str(h.Fields[fieldParent])}
@@ -181,7 +193,9 @@ func (x *Index) Search(ctx context.Context, q Query) (Results, error) {
 		if hit.Parent == "" {
 			hit.Parent = h.ID
 		}
-		hit.Snippet = x.snippet(str(h.Fields[fieldText]), terms)
+		if details {
+			hit.Snippet = x.snippet(str(h.Fields[fieldText]), terms)
+		}
 		out.Hits = append(out.Hits, hit)
 	}
 	return out, nil
@@ -302,11 +316,27 @@ func (x *Index) snippet(text string, terms map[string]bool) string {
 	}
 	var ms []match
 	if len(terms) > 0 {
-		for _, t := range x.analyzer.Analyze([]byte(scan)) {
-			if terms[string(t.Term)] {
-				ms = append(ms, match{t.Start, string(t.Term)})
-			}
+		// Analysing the whole text costs more than the search itself: scan
+		// its words, and analyse only those that start like a query term
+		// (a stemmer rewrites a word's end, never its start).
+		prefixes := make([]string, 0, len(terms))
+		for t := range terms {
+			prefixes = append(prefixes, t[:max(1, min(len(t), len(t)-1))])
 		}
+		var lower []byte
+		forWords(scan, func(start, end int) {
+			lower = appendLower(lower[:0], scan[start:end])
+			for _, p := range prefixes {
+				if len(lower) >= len(p) && string(lower[:len(p)]) == p {
+					for _, tok := range x.analyzer.Analyze([]byte(scan[start:end])) {
+						if terms[string(tok.Term)] {
+							ms = append(ms, match{start, string(tok.Term)})
+						}
+					}
+					return
+				}
+			}
+		})
 	}
 	from := 0
 	best := 0
@@ -350,4 +380,29 @@ func (x *Index) snippet(text string, terms map[string]bool) string {
 		s += "…"
 	}
 	return s
+}
+
+// forWords calls fn with the byte span of each run of letters and digits.
+func forWords(s string, fn func(start, end int)) {
+	start := -1
+	for i, r := range s {
+		word := unicode.IsLetter(r) || unicode.IsDigit(r)
+		switch {
+		case word && start < 0:
+			start = i
+		case !word && start >= 0:
+			fn(start, i)
+			start = -1
+		}
+	}
+	if start >= 0 {
+		fn(start, len(s))
+	}
+}
+
+func appendLower(dst []byte, s string) []byte {
+	for _, r := range s {
+		dst = utf8.AppendRune(dst, unicode.ToLower(r))
+	}
+	return dst
 }
