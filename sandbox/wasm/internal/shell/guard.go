@@ -47,6 +47,7 @@ type guard struct {
 	limits Limits
 	cancel context.CancelCauseFunc
 	jobs   atomic.Int64
+	calls  atomic.Int64
 
 	oom     atomic.Bool
 	mu      sync.Mutex
@@ -61,7 +62,7 @@ const (
 	// maxFrames bounds the Go stack a command line may grow to through
 	// nested functions, eval and sh: a goroutine that overflows Go's stack
 	// limit would crash the whole process.
-	maxFrames = 20000
+	maxFrames = 8000
 	// maxBraceFields bounds one brace expansion.
 	maxBraceFields = 1 << 16
 )
@@ -138,9 +139,14 @@ func (g *guard) checkCall(hc interp.HandlerContext, args []string) error {
 	if err := g.fatal(); err != nil {
 		return err
 	}
-	pcs := framesPool.Get().([]uintptr)
-	deep := runtime.Callers(maxFrames, pcs) > 0
-	framesPool.Put(pcs)
+	// Walking the stack costs its depth, so look every 8th call: a
+	// recursion overshoots by a few levels at most.
+	deep := false
+	if g.calls.Add(1)%8 == 0 {
+		pcs := framesPool.Get().([]uintptr)
+		deep = runtime.Callers(maxFrames, pcs) > 0
+		framesPool.Put(pcs)
+	}
 	if deep {
 		return g.outOfMemory("nesting too deep (functions, eval or sh calling themselves)")
 	}
