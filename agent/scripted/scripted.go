@@ -93,6 +93,12 @@ func read(r io.Reader, where string) (*Policy, error) {
 	return p, nil
 }
 
+// Has reports whether a script exists for taskID.
+func (p *Policy) Has(taskID string) bool {
+	_, ok := p.scripts[taskID]
+	return ok
+}
+
 // Tasks returns the scripted task ids, sorted.
 func (p *Policy) Tasks() []string {
 	ids := make([]string, 0, len(p.scripts))

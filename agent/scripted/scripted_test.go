@@ -83,6 +83,9 @@ func TestReplay(t *testing.T) {
 	if got := p.Tasks(); !reflect.DeepEqual(got, []string{"answer", "fix-add"}) {
 		t.Fatalf("Tasks = %v", got)
 	}
+	if !p.Has("answer") || p.Has("nope") {
+		t.Fatal("Has disagrees with the file")
+	}
 	tests := []struct {
 		name    string
 		task    string
