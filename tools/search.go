@@ -127,7 +127,7 @@ func (s Search) Run(ctx context.Context, env *Env, args map[string]any) (Result,
 		seen = append(seen, h.ID)
 		fmt.Fprintf(&b, "%d. id: %s", i+1, h.ID)
 		if h.Title != "" {
-			fmt.Fprintf(&b, " | title: %s", oneLine(h.Title))
+			fmt.Fprintf(&b, " | title: %s", defang(oneLine(h.Title)))
 		}
 		if h.Chunks > 0 {
 			fmt.Fprintf(&b, " | part %d of %d of %s", h.Chunk, h.Chunks, h.Parent)
@@ -137,7 +137,7 @@ func (s Search) Run(ctx context.Context, env *Env, args map[string]any) (Result,
 		}
 		b.WriteByte('\n')
 		if h.Snippet != "" {
-			fmt.Fprintf(&b, "   %s\n", h.Snippet)
+			fmt.Fprintf(&b, "   %s\n", defang(h.Snippet))
 		}
 	}
 	return Result{Text: b.String(), Events: []Event{{Kind: EventSeen, IDs: seen,
@@ -203,13 +203,13 @@ func formatDoc(d retriever.Doc, maxBytes int) string {
 	var head strings.Builder
 	head.WriteString(DocOpen(d.ID) + "\n")
 	if d.Title != "" {
-		fmt.Fprintf(&head, "title: %s\n", oneLine(d.Title))
+		fmt.Fprintf(&head, "title: %s\n", defang(oneLine(d.Title)))
 	}
 	if d.Chunks > 0 {
 		fmt.Fprintf(&head, "part %d of %d of %s\n", d.Chunk, d.Chunks, d.Parent)
 	}
 	head.WriteString("\n")
-	body := strings.TrimRight(d.Text, "\n") + "\n"
+	body := defang(strings.TrimRight(d.Text, "\n")) + "\n"
 	tail := DocClose(d.ID) + "\n"
 	if maxBytes > 0 && head.Len()+len(body)+len(tail) > maxBytes {
 		note := fmt.Sprintf("\n[... the rest of this document (%d bytes) does not fit one tool output and is not shown ...]\n", len(body))
@@ -305,3 +305,12 @@ func listIDs(ids []string, n int) string {
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// defang breaks document markers inside a document's own text, so that a
+// corpus cannot make pruning cut the wrong span.
+func defang(s string) string {
+	if !strings.Contains(s, "<<") {
+		return s
+	}
+	return strings.NewReplacer("<<doc ", "<< doc ", "<</doc ", "<</ doc ").Replace(s)
+}
