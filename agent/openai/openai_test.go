@@ -597,3 +597,42 @@ func TestBackoff(t *testing.T) {
 		}
 	})
 }
+
+// BenchmarkNext measures a whole call against the zero-latency fake server
+// (client and server in one process): the policy's own cost per turn is a
+// part of it.
+func BenchmarkNext(b *testing.B) {
+	s, err := fakepolicy.Start(fakepolicy.Config{Responder: fakepolicy.BashThenFinish(1 << 30)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	p, err := New(fast(s.URL()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	req := agent.Request{
+		Messages: []agent.Message{
+			{Role: agent.RoleSystem, Content: strings.Repeat("You are a careful engineer. ", 40)},
+			{Role: agent.RoleUser, Content: "The tests in /work fail. Fix the code."},
+		},
+		Tools: []agent.ToolSchema{{Name: "bash", Description: "Run a shell line.", Parameters: json.RawMessage(`{"type":"object","properties":{"command":{"type":"string"}},"required":["command"]}`)}},
+	}
+	b.Run("sequential", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := p.Next(context.Background(), req); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := p.Next(context.Background(), req); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+}
