@@ -291,7 +291,7 @@ func readRecord(dir string) (Info, error) {
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			if _, serr := os.Stat(dir); serr != nil {
-				return Info{}, fmt.Errorf("retriever: open %s: %w: no such directory", dir, ErrNotIndex)
+				return Info{}, fmt.Errorf("retriever: open %s: %w: no such directory (build one with rollbox index build)", dir, ErrNotIndex)
 			}
 			if _, serr := os.Stat(filepath.Join(dir, "index_meta.json")); serr == nil {
 				return Info{}, fmt.Errorf("retriever: open %s: %w: the build did not finish (no %s); rebuild it", dir, ErrNotIndex, recordFile)
