@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io/fs"
 	"math"
 	"path/filepath"
 	"strings"
@@ -14,28 +13,8 @@ import (
 	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/retriever"
-	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/tools"
 )
-
-// stubSandbox is enough of a sandbox for episodes whose tools do not touch
-// it (search, read, prune, finish).
-type stubSandbox struct{}
-
-func (stubSandbox) Info() sandbox.Info {
-	return sandbox.Info{ID: "stub", Backend: "stub", Network: "none", Workdir: "/work"}
-}
-func (stubSandbox) Exec(context.Context, sandbox.ExecRequest) (sandbox.Result, error) {
-	return sandbox.Result{}, nil
-}
-func (stubSandbox) ReadFile(context.Context, string, int64) ([]byte, error) {
-	return nil, sandbox.ErrNotFound
-}
-func (stubSandbox) WriteFile(context.Context, string, []byte, fs.FileMode) error { return nil }
-func (stubSandbox) ListFiles(context.Context, string) ([]sandbox.FileInfo, error) {
-	return nil, sandbox.ErrNotFound
-}
-func (stubSandbox) Close() error { return nil }
 
 // turnsPolicy plays fixed turns and keeps every request it was sent.
 type turnsPolicy struct {
@@ -97,8 +76,8 @@ func searchEpisode(t *testing.T, taskJSON string, turns ...agent.Turn) (*traject
 	}
 	p := &turnsPolicy{turns: turns}
 	tr, err := agent.Run(context.Background(), agent.Config{
-		Task: task, EpisodeID: "e1", RolloutID: "r1", GroupID: "g1", Dir: t.TempDir(), Backend: "stub",
-		NewSandbox: func(context.Context, string, sandbox.Spec) (sandbox.Sandbox, error) { return stubSandbox{}, nil },
+		Task: task, EpisodeID: "e1", RolloutID: "r1", GroupID: "g1", Dir: t.TempDir(), Backend: "wasm",
+		NewSandbox: wasmFactory(t), // the real backend: search episodes still get a sandbox
 		Policy:     p,
 		ExtraTools: tools.SearchTools(ix, tools.SearchOptions{MaxDocBytes: task.Limits.MaxToolOutputBytes}),
 		ToolEnv: func(env *tools.Env) error {
@@ -131,8 +110,8 @@ func TestPrunedDocumentsAreGoneFromTheMessagesThePolicyGetsNext(t *testing.T) {
 		calls("prune", `{"ids": ["http"]}`),
 		calls("finish", `{"ids": ["gzip"]}`),
 	)
-	if tr.Termination.Reason != trajectory.EndFinished {
-		t.Fatalf("ended %s: %s", tr.Termination.Reason, tr.Termination.Message)
+	if tr.Termination.Reason != trajectory.EndFinished || tr.Sandbox.Backend != "wasm" {
+		t.Fatalf("ended %s on %s: %s", tr.Termination.Reason, tr.Sandbox.Backend, tr.Termination.Message)
 	}
 	if got := strings.Join(tr.Termination.IDs, ","); got != "gzip" {
 		t.Errorf("finish ids = %s", got)
