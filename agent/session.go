@@ -117,6 +117,15 @@ func Open(ctx context.Context, cfg Config) (*Session, error) {
 	}
 
 	spec := t.SandboxSpec()
+	// Agents edit a file and rerun within a second; Python's bytecode cache
+	// keys on mtime (seconds) and size, and would run the old code.
+	if _, set := spec.Env["PYTHONDONTWRITEBYTECODE"]; !set {
+		env := map[string]string{"PYTHONDONTWRITEBYTECODE": "1"}
+		for k, v := range spec.Env {
+			env[k] = v
+		}
+		spec.Env = env
+	}
 	spec.Labels = map[string]string{"rollbox.episode": cfg.EpisodeID, "rollbox.rollout": cfg.RolloutID}
 	sctx, cancel := context.WithDeadline(ctx, s.deadline)
 	defer cancel()

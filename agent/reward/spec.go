@@ -67,8 +67,10 @@ type Part struct {
 }
 
 // DefaultDeny are files that can change what a test runner reports; an
-// agent that creates one does not get to keep it for the verifier.
-var DefaultDeny = []string{"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "sitecustomize.py", "usercustomize.py", "*.pth", ".pytest_cache"}
+// agent that creates one does not get to keep it for the verifier. Stale
+// bytecode is among them: an edit within the same second as the last import
+// keeps the source's mtime and size, and Python would run the old code.
+var DefaultDeny = []string{"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "sitecustomize.py", "usercustomize.py", "*.pth", ".pytest_cache", "__pycache__", "*.pyc"}
 
 // DefaultProtect matches test files: restored from the task before the verifier runs.
 var DefaultProtect = []string{"test_*", "*_test.*", "*_tests.*", "tests/*", "test/*", "conftest.py"}

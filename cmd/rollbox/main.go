@@ -56,6 +56,7 @@ func commands() map[string]command {
 		"images":  {"build or list the container images (rollbox images build [NAME...] | list)", runImages},
 		"gc":      {"remove the containers a crashed rollbox left behind", runGC},
 		"index":   {"build, inspect or query a search index (rollbox index build --corpus FILE --out DIR)", runIndex},
+		"run":     {"run every task of a task file (× group) and write trajectories", runRun},
 	}
 }
 
@@ -127,3 +128,5 @@ func splitDashDash(args []string) (flags, rest []string, found bool) {
 }
 
 var _ = strings.TrimSpace
+
+func sortStrings(s []string) { sort.Strings(s) }

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/rollbox/rollbox/agent"
+	"github.com/rollbox/rollbox/agent/openai"
+	"github.com/rollbox/rollbox/agent/scripted"
+	"github.com/rollbox/rollbox/agent/replay"
+	"github.com/rollbox/rollbox/agent/trajectory"
+)
+
+// openPolicy parses --policy.
+func openPolicy(spec string, tasks []*agent.Task) (agent.Policy, trajectory.Policy, error) {
+	kind, rest, ok := strings.Cut(spec, ":")
+	if !ok || rest == "" {
+		return nil, trajectory.Policy{}, fmt.Errorf("%q: want scripted:FILE.jsonl, openai:BASE_URL[#model=NAME] or replay:DIR", spec)
+	}
+	switch kind {
+	case "replay":
+		p, err := replay.Load(rest)
+		if err != nil {
+			return nil, trajectory.Policy{}, err
+		}
+		return p, trajectory.Policy{Kind: "replay", Endpoint: rest}, nil
+	case "scripted":
+		return openScripted(rest, tasks)
+	case "openai":
+		base, frag, _ := strings.Cut(rest, "#")
+		u, err := url.Parse(base)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, trajectory.Policy{}, fmt.Errorf("openai: %q is not an http(s) URL", base)
+		}
+		q, err := url.ParseQuery(frag)
+		if err != nil {
+			return nil, trajectory.Policy{}, fmt.Errorf("openai: fragment %q: %v (want #model=NAME)", frag, err)
+		}
+		for k := range q {
+			if k != "model" {
+				return nil, trajectory.Policy{}, fmt.Errorf("openai: unknown option %q in #%s (known: model)", k, frag)
+			}
+		}
+		return openOpenAI(base, q.Get("model"))
+	}
+	return nil, trajectory.Policy{}, fmt.Errorf("policy kind %q is not one of scripted, openai, replay", kind)
+}
+
+// openOpenAI makes an OpenAI-compatible policy. Without a model name it
+// asks the server's /models and takes the only (or first) model served.
+func openOpenAI(base, model string) (agent.Policy, trajectory.Policy, error) {
+	if model == "" {
+		m, err := firstModel(base)
+		if err != nil {
+			return nil, trajectory.Policy{}, fmt.Errorf("openai: no #model=NAME given and %v", err)
+		}
+		model = m
+	}
+	p, err := openai.New(openai.Config{BaseURL: base, Model: model})
+	if err != nil {
+		return nil, trajectory.Policy{}, err
+	}
+	return p, trajectory.Policy{Kind: "openai", Endpoint: base, Model: model}, nil
+}
+
+func firstModel(base string) (string, error) {
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Get(strings.TrimRight(base, "/") + "/models")
+	if err != nil {
+		return "", fmt.Errorf("the server's model list could not be read: %v", err)
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET %s/models answered %s", base, resp.Status)
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&list); err != nil || len(list.Data) == 0 {
+		return "", fmt.Errorf("GET %s/models listed no model", base)
+	}
+	return list.Data[0].ID, nil
+}
+
+// openScripted loads a scripted policy and checks it covers the tasks.
+func openScripted(file string, tasks []*agent.Task) (agent.Policy, trajectory.Policy, error) {
+	p, err := scripted.Load(file)
+	if err != nil {
+		return nil, trajectory.Policy{}, err
+	}
+	for _, t := range tasks {
+		if !p.Has(t.ID) {
+			return nil, trajectory.Policy{}, fmt.Errorf("scripted: %s has no script for task %q", file, t.ID)
+		}
+	}
+	return p, trajectory.Policy{Kind: "scripted", Endpoint: file}, nil
+}

@@ -1,0 +1,294 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rollbox/rollbox/agent"
+	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/runtime"
+	"github.com/rollbox/rollbox/sandbox"
+	"github.com/rollbox/rollbox/tools"
+)
+
+func runRun(ctx context.Context, env *cliEnv, args []string) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(env.stderr)
+	tasksFile := fs.String("tasks", "", "task file (JSONL, one task a line)")
+	policySpec := fs.String("policy", "", "scripted:FILE.jsonl | openai:BASE_URL[#model=NAME] | replay:DIR")
+	backendName := fs.String("backend", "", "backend for tasks that name none: wasm (default) or docker")
+	group := fs.Int("group", 1, "episodes per task (GRPO group size)")
+	concurrency := fs.Int("concurrency", 4, "episodes in flight at once")
+	out := fs.String("out", "", "output directory (default out/<rollout id>)")
+	temperature := fs.Float64("temperature", -1, "sampling temperature sent to an openai policy (default: the server's)")
+	maxTokens := fs.Int64("max-tokens", 0, "max tokens per model turn sent to an openai policy")
+	if err := fs.Parse(args); err != nil {
+		return usagef("%v", err)
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected arguments: %v", fs.Args())
+	}
+	if *tasksFile == "" {
+		return usagef("--tasks FILE is required")
+	}
+	if *policySpec == "" {
+		return usagef("--policy is required: scripted:FILE.jsonl | openai:BASE_URL[#model=NAME] | replay:DIR")
+	}
+	if *group < 1 || *group > 4096 {
+		return usagef("--group %d is outside 1..4096", *group)
+	}
+	if *concurrency < 1 || *concurrency > 100000 {
+		return usagef("--concurrency %d is outside 1..100000", *concurrency)
+	}
+	switch *backendName {
+	case "":
+		*backendName = defaultBackend
+	case "wasm", "docker":
+	default:
+		return usagef("--backend %q is not one of wasm, docker", *backendName)
+	}
+	tasks, err := agent.LoadTasks(*tasksFile, knownTool)
+	if err != nil {
+		return usagef("%v", err)
+	}
+	policy, info, err := openPolicy(*policySpec, tasks)
+	if err != nil {
+		return usagef("--policy: %v", err)
+	}
+	indexes, err := openSearchIndexes(tasks)
+	if err != nil {
+		return usagef("%v", err)
+	}
+	defer indexes.Close()
+	var sampling agent.Sampling
+	if *temperature >= 0 {
+		sampling.Temperature = temperature
+	}
+	if *maxTokens > 0 {
+		sampling.MaxTokens = maxTokens
+	}
+	rolloutID := runtime.NewID("r")
+	if *out == "" {
+		*out = "out/" + rolloutID
+	}
+	backends := newBackendSet(env.stderr)
+	defer backends.Close()
+
+	total := len(tasks) * *group
+	prog := newProgress(env.stderr, total)
+	defer prog.stop()
+	fmt.Fprintf(env.stderr, "rollbox run: %d task(s) × %d = %d episode(s), concurrency %d, default backend %s, policy %s → %s\n",
+		len(tasks), *group, total, *concurrency, *backendName, info.Kind, *out)
+	sum, err := runtime.RunBatch(ctx, runtime.BatchConfig{
+		Tasks: tasks, Group: *group, Concurrency: *concurrency, OutDir: *out,
+		Backend: *backendName, NewSandbox: backends.create,
+		Policy: policy, PolicyInfo: info, Sampling: sampling, RolloutID: rolloutID,
+		OnEpisode: prog.episode, OnStep: prog.step, ConfigureEpisode: indexes.configure,
+	})
+	prog.stop()
+	if sum != nil {
+		fmt.Fprintf(env.stderr, "rollbox run: %d episode(s) in %.1fs: reward mean %.3f over %d scored, pass rate %.2f; ends %s; tool errors %s\n",
+			sum.Episodes, sum.WallTimeS, sum.RewardMean, sum.Scored, sum.PassRate, fmtCounts(sum.Ends), fmtCounts(sum.ToolErrors))
+		fmt.Fprintf(env.stderr, "rollbox run: wrote %s/episodes/ and %s/summary.json\n", *out, *out)
+	}
+	return err
+}
+
+func knownTool(name string) bool {
+	_, ok := tools.Builtins()[name]
+	return ok || searchTool(name)
+}
+
+func fmtCounts(m map[string]int) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sortStrings(keys)
+	var b strings.Builder
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s=%d", k, m[k])
+	}
+	return b.String()
+}
+
+// backendSet opens backends on first use and shares them across episodes.
+type backendSet struct {
+	progress io.Writer
+	mu       sync.Mutex
+	open     map[string]sandbox.Backend
+	errs     map[string]error
+}
+
+func newBackendSet(progress io.Writer) *backendSet {
+	return &backendSet{progress: progress, open: map[string]sandbox.Backend{}, errs: map[string]error{}}
+}
+
+func (b *backendSet) get(ctx context.Context, name string) (sandbox.Backend, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if be, ok := b.open[name]; ok {
+		return be, nil
+	}
+	if err, ok := b.errs[name]; ok {
+		return nil, err
+	}
+	be, err := openBackend(ctx, name, b.progress)
+	if err != nil {
+		b.errs[name] = fmt.Errorf("backend %s: %w", name, err)
+		return nil, b.errs[name]
+	}
+	b.open[name] = be
+	return be, nil
+}
+
+func (b *backendSet) create(ctx context.Context, name string, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	be, err := b.get(ctx, name)
+	if err != nil {
+		return nil, errors.Join(err, sandbox.ErrEngineUnavailable)
+	}
+	return be.Create(ctx, spec)
+}
+
+func (b *backendSet) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var errs []error
+	for _, be := range b.open {
+		errs = append(errs, be.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// progress draws a bar on a terminal, or a line per episode otherwise.
+type progress struct {
+	w        io.Writer
+	tty      bool
+	total    int
+	start    time.Time
+	turns    atomic.Int64
+	tools    atomic.Int64
+	mu       sync.Mutex
+	done     int
+	scored   int
+	rewards  float64
+	ends     map[string]int
+	stopOnce sync.Once
+	quit     chan struct{}
+}
+
+func newProgress(w io.Writer, total int) *progress {
+	p := &progress{w: w, total: total, start: time.Now(), ends: map[string]int{}, quit: make(chan struct{})}
+	if f, ok := w.(*os.File); ok && isTerminal(f) {
+		p.tty = true
+		go p.tick()
+	}
+	return p
+}
+
+func (p *progress) tick() {
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.quit:
+			return
+		case <-t.C:
+			p.draw()
+		}
+	}
+}
+
+func (p *progress) draw() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	const width = 30
+	filled := 0
+	if p.total > 0 {
+		filled = width * p.done / p.total
+	}
+	mean := 0.0
+	if p.scored > 0 {
+		mean = p.rewards / float64(p.scored)
+	}
+	el := time.Since(p.start).Seconds()
+	fmt.Fprintf(p.w, "\r[%s%s] %d/%d episodes  reward %.3f  turns %d  tools %d  %.1f turns/s  %.0fs ",
+		strings.Repeat("#", filled), strings.Repeat(".", width-filled), p.done, p.total, mean,
+		p.turns.Load(), p.tools.Load(), float64(p.turns.Load())/max(el, 0.001), el)
+}
+
+func (p *progress) step(s trajectory.Step) {
+	if s.Type == trajectory.StepModel {
+		p.turns.Add(1)
+	} else {
+		p.tools.Add(1)
+	}
+}
+
+func (p *progress) episode(t *trajectory.Trajectory, done, total int) {
+	p.mu.Lock()
+	p.done = done
+	if t.Reward != nil {
+		p.scored++
+		p.rewards += t.Reward.Total
+	}
+	reason := "?"
+	if t.Termination != nil {
+		reason = t.Termination.Reason
+	}
+	p.ends[reason]++
+	p.mu.Unlock()
+	if p.tty {
+		return
+	}
+	rw := "reward -"
+	if t.Reward != nil {
+		rw = fmt.Sprintf("reward %.3f", t.Reward.Total)
+	}
+	msg := ""
+	if t.Termination != nil && t.Termination.Reason != trajectory.EndFinished && t.Termination.Message != "" {
+		msg = "  (" + oneLine(t.Termination.Message, 120) + ")"
+	}
+	fmt.Fprintf(p.w, "[%d/%d] %s  %s  %s  turns %d  tool errors %d%s\n", done, total, t.EpisodeID, reason, rw,
+		t.Stats.Turns, sumCounts(t.Stats.ToolErrors), msg)
+}
+
+func (p *progress) stop() {
+	p.stopOnce.Do(func() {
+		close(p.quit)
+		if p.tty {
+			p.draw()
+			fmt.Fprintln(p.w)
+		}
+	})
+}
+
+func sumCounts(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > n {
+		s = s[:n] + "…"
+	}
+	return s
+}

@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/runtime"
+	"github.com/rollbox/rollbox/sandbox"
+)
+
+func readSummary(t *testing.T, dir string) *runtime.Summary {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "summary.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s runtime.Summary
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	return &s
+}
+
+func TestRunTheExamplesOnTheEmbeddedDefault(t *testing.T) {
+	out := t.TempDir()
+	code, _, stderr := rollbox(t, "run", "--tasks", "../../examples/coding/tasks.jsonl",
+		"--policy", "scripted:../../examples/coding/policy.jsonl", "--group", "2", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	s := readSummary(t, out)
+	if s.Episodes != 12 || s.Ends["finished"] != 12 {
+		t.Fatalf("summary %+v", s)
+	}
+	want := map[string]float64{"fix-add": 1, "fix-count-words": 1, "sum-of-squares": 1, "rig-the-tests": 0, "fix-fizzbuzz": 0, "find-the-port": 0}
+	for task, r := range want {
+		if got := s.Tasks[task]; got == nil || got.RewardMean != r {
+			t.Errorf("task %s: %+v, want reward %v", task, got, r)
+		}
+	}
+	files, _ := filepath.Glob(filepath.Join(out, "episodes", "*.json"))
+	if len(files) != 12 {
+		t.Fatalf("%d trajectories", len(files))
+	}
+	for _, f := range files {
+		b, _ := os.ReadFile(f)
+		if err := trajectory.Validate(b); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+	for _, g := range s.Groups {
+		if !g.ZeroVariance || len(g.Advantages) != 2 {
+			t.Errorf("a deterministic script gives equal rewards in a group: %+v", g)
+		}
+	}
+	if !strings.Contains(stderr, "[12/12]") {
+		t.Errorf("no per-episode progress lines: %s", stderr)
+	}
+}
+
+func TestRunRefusesBadInputBeforeStartingAnything(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.jsonl")
+	os.WriteFile(bad, []byte(`{"id": "a", "prompt": "p", "reward": {"type": "exact", "answer": "1"}}`+"\n"+`{"id": "b", "prompt": "p", "reward": {"type": "tets"}}`+"\n"), 0o644)
+	good := "../../examples/coding/tasks.jsonl"
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"a task file with a bad line", []string{"--tasks", bad, "--policy", "scripted:../../examples/coding/policy.jsonl"}, `line 2: task "b": reward.type "tets"`},
+		{"no policy", []string{"--tasks", good}, "--policy is required"},
+		{"an unknown policy kind", []string{"--tasks", good, "--policy", "magic:x"}, `policy kind "magic"`},
+		{"a script missing a task", []string{"--tasks", good, "--policy", "scripted:" + writeFile(t, dir, "p.jsonl", `{"task_id": "fix-add", "turns": [{"content": "x"}]}`)}, `no script for task "rig-the-tests"`},
+		{"a bad backend", []string{"--tasks", good, "--policy", "scripted:x", "--backend", "vm"}, `--backend "vm"`},
+		{"a bad group size", []string{"--tasks", good, "--policy", "scripted:x", "--group", "0"}, "--group 0"},
+		{"an openai URL that is not one", []string{"--tasks", good, "--policy", "openai:localhost:8000"}, "not an http(s) URL"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "out")
+			code, _, stderr := rollbox(t, append([]string{"run", "--out", out}, tt.args...)...)
+			if code != exitBadInput || !strings.Contains(stderr, tt.want) {
+				t.Fatalf("exit %d, stderr %q; want 2 and %q", code, stderr, tt.want)
+			}
+			if _, err := os.Stat(out); !os.IsNotExist(err) {
+				t.Errorf("output written despite bad input")
+			}
+		})
+	}
+}
+
+func writeFile(t *testing.T, dir, name, content string) string {
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(content+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// needDocker skips without an engine and the python image, except under
+// CI=true, where .ci/run has started the engine and built the images.
+func needDocker(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	be, err := openDocker(ctx, os.Stderr)
+	if err == nil {
+		defer be.Close()
+		var sb interface{ Close() error }
+		sb, err = be.Create(ctx, sandbox.Spec{Image: "python"})
+		if err == nil {
+			sb.Close()
+			return
+		}
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("the docker engine and the python image are required under CI=true: %v", err)
+	}
+	t.Skipf("no docker engine or python image (run .ci/engine.sh and rollbox images build python): %v", err)
+}
+
+func TestRunTheDockerExamplesWithPytest(t *testing.T) {
+	needDocker(t)
+	out := t.TempDir()
+	t.Setenv("ROLLBOX_OWNER", "rollbox-test-cmd")
+	code, _, stderr := rollbox(t, "run", "--tasks", "../../examples/coding/docker-tasks.jsonl",
+		"--policy", "scripted:../../examples/coding/policy.jsonl", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	s := readSummary(t, out)
+	if s.Tasks["fix-add-pytest"].RewardMean != 1 {
+		t.Errorf("the real fix did not pass pytest: %+v", s.Tasks["fix-add-pytest"])
+	}
+	if s.Tasks["conftest-cheat"].RewardMean != 0 {
+		t.Errorf("a planted conftest.py passed the verifier: %+v", s.Tasks["conftest-cheat"])
+	}
+	files, _ := filepath.Glob(filepath.Join(out, "episodes", "*conftest-cheat*.json"))
+	tr, err := trajectory.Read(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Sandbox.Backend != "docker" || !strings.HasPrefix(tr.Sandbox.ImageDigest, "sha256:") {
+		t.Errorf("sandbox = %+v", tr.Sandbox)
+	}
+	if v := tr.Reward.Verifier; v == nil || !slices.Contains(v.Removed, "/work/conftest.py") {
+		t.Errorf("verifier = %+v, want conftest.py removed", tr.Reward.Verifier)
+	}
+}
