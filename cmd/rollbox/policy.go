@@ -16,8 +16,14 @@ import (
 	"github.com/rollbox/rollbox/agent/trajectory"
 )
 
+// policyOptions tune a network policy.
+type policyOptions struct {
+	retries int
+	timeout time.Duration
+}
+
 // openPolicy parses --policy.
-func openPolicy(spec string, tasks []*agent.Task) (agent.Policy, trajectory.Policy, error) {
+func openPolicy(spec string, tasks []*agent.Task, opts policyOptions) (agent.Policy, trajectory.Policy, error) {
 	kind, rest, ok := strings.Cut(spec, ":")
 	if !ok || rest == "" {
 		return nil, trajectory.Policy{}, fmt.Errorf("%q: want scripted:FILE.jsonl, openai:BASE_URL[#model=NAME] or replay:DIR", spec)
@@ -46,14 +52,14 @@ func openPolicy(spec string, tasks []*agent.Task) (agent.Policy, trajectory.Poli
 				return nil, trajectory.Policy{}, fmt.Errorf("openai: unknown option %q in #%s (known: model)", k, frag)
 			}
 		}
-		return openOpenAI(base, q.Get("model"))
+		return openOpenAI(base, q.Get("model"), opts)
 	}
 	return nil, trajectory.Policy{}, fmt.Errorf("policy kind %q is not one of scripted, openai, replay", kind)
 }
 
 // openOpenAI makes an OpenAI-compatible policy. Without a model name it
 // asks the server's /models and takes the only (or first) model served.
-func openOpenAI(base, model string) (agent.Policy, trajectory.Policy, error) {
+func openOpenAI(base, model string, opts policyOptions) (agent.Policy, trajectory.Policy, error) {
 	if model == "" {
 		m, err := firstModel(base)
 		if err != nil {
@@ -61,7 +67,7 @@ func openOpenAI(base, model string) (agent.Policy, trajectory.Policy, error) {
 		}
 		model = m
 	}
-	p, err := openai.New(openai.Config{BaseURL: base, Model: model})
+	p, err := openai.New(openai.Config{BaseURL: base, Model: model, MaxRetries: opts.retries, Timeout: opts.timeout, BackoffBase: 200 * time.Millisecond})
 	if err != nil {
 		return nil, trajectory.Policy{}, err
 	}

@@ -30,6 +30,8 @@ func runRun(ctx context.Context, env *cliEnv, args []string) error {
 	out := fs.String("out", "", "output directory (default out/<rollout id>)")
 	temperature := fs.Float64("temperature", -1, "sampling temperature sent to an openai policy (default: the server's)")
 	maxTokens := fs.Int64("max-tokens", 0, "max tokens per model turn sent to an openai policy")
+	policyRetries := fs.Int("policy-retries", 0, "retries of a failed openai policy call (429, 5xx, timeouts) before the episode ends policy_error; 0 = the default 5, -1 = none")
+	policyTimeout := fs.Duration("policy-timeout", 0, "timeout of one openai policy call (default 10m)")
 	if err := fs.Parse(args); err != nil {
 		return usagef("%v", err)
 	}
@@ -59,7 +61,7 @@ func runRun(ctx context.Context, env *cliEnv, args []string) error {
 	if err != nil {
 		return usagef("%v", err)
 	}
-	policy, info, err := openPolicy(*policySpec, tasks)
+	policy, info, err := openPolicy(*policySpec, tasks, policyOptions{retries: *policyRetries, timeout: *policyTimeout})
 	if err != nil {
 		return usagef("--policy: %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/internal/fakepolicy"
 	"github.com/rollbox/rollbox/runtime"
 	"github.com/rollbox/rollbox/sandbox"
 )
@@ -151,5 +152,63 @@ func TestRunTheDockerExamplesWithPytest(t *testing.T) {
 	}
 	if v := tr.Reward.Verifier; v == nil || !slices.Contains(v.Removed, "/work/conftest.py") {
 		t.Errorf("verifier = %+v, want conftest.py removed", tr.Reward.Verifier)
+	}
+}
+
+func TestRunAgainstAnOpenAICompatibleServer(t *testing.T) {
+	srv, err := fakepolicy.Start(fakepolicy.Config{Responder: fakepolicy.BashThenFinish(2), ToolCallsAsText: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	dir := t.TempDir()
+	tasks := writeFile(t, dir, "tasks.jsonl", `{"id": "echo", "prompt": "run true twice", "tools": ["bash", "finish"], "reward": {"type": "exact", "answer": "done"}}`)
+	out := filepath.Join(dir, "out")
+	code, _, stderr := rollbox(t, "run", "--tasks", tasks, "--policy", "openai:"+srv.URL(), "--group", "3", "--out", out, "--temperature", "0.7")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	s := readSummary(t, out)
+	if s.Episodes != 3 || s.RewardMean != 1 || s.Ends["finished"] != 3 {
+		t.Fatalf("summary %+v", s)
+	}
+	files, _ := filepath.Glob(filepath.Join(out, "episodes", "*.json"))
+	tr, err := trajectory.Read(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sampling struct{ Temperature float64 }
+	json.Unmarshal(tr.Policy.Sampling, &sampling)
+	if tr.Policy.Kind != "openai" || tr.Policy.Model != "fake-model" || sampling.Temperature != 0.7 {
+		t.Errorf("policy = %+v", tr.Policy)
+	}
+	m := tr.Steps[0]
+	if !m.ToolCallsFromText || len(m.ToolCalls) != 1 || m.ToolCalls[0].Name != "bash" || m.Usage == nil || m.Usage.Estimated {
+		t.Errorf("first model step = %+v", m)
+	}
+}
+
+func TestAnUnreachablePolicyEndsEpisodesPolicyErrorAndTheRunStillSucceeds(t *testing.T) {
+	srv, err := fakepolicy.Start(fakepolicy.Config{Fault: fakepolicy.FailFirst(1000, fakepolicy.Fault{Status: 503, Message: "overloaded"})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	dir := t.TempDir()
+	tasks := writeFile(t, dir, "tasks.jsonl", `{"id": "t", "prompt": "p", "tools": ["finish"], "reward": {"type": "exact", "answer": "x"}}`)
+	out := filepath.Join(dir, "out")
+	code, _, stderr := rollbox(t, "run", "--tasks", tasks, "--policy", "openai:"+srv.URL()+"#model=m", "--policy-retries", "2", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	s := readSummary(t, out)
+	if s.Ends["policy_error"] != 1 || s.Scored != 0 {
+		t.Fatalf("summary %+v", s)
+	}
+	if srv.Calls() != 3 {
+		t.Errorf("%d calls, want 1 + 2 retries", srv.Calls())
+	}
+	if !strings.Contains(stderr, "overloaded") {
+		t.Errorf("the server's message is not shown: %s", stderr)
 	}
 }
