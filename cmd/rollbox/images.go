@@ -10,6 +10,7 @@ import (
 
 	"github.com/rollbox/rollbox/images"
 	"github.com/rollbox/rollbox/sandbox/docker"
+	"github.com/rollbox/rollbox/sandbox/wasm"
 )
 
 // runImages is `rollbox images build [NAME...] | list`.
@@ -34,13 +35,32 @@ func imagesBuild(ctx context.Context, env *cliEnv, args []string) error {
 	}
 	names := fs.Args()
 	if len(names) == 0 {
-		names = images.RecipeNames()
+		names = append([]string{"wasm", "guest"}, images.RecipeNames()...)
 	}
+	var recipes []string
 	for _, n := range names {
-		if !images.IsRecipe(n) {
-			return usagef("no image recipe %q (recipes: %s)", n, strings.Join(images.RecipeNames(), ", "))
+		switch {
+		case n == "wasm":
+			if err := buildWASMGuests(ctx, env); err != nil {
+				return err
+			}
+		case n == "guest":
+			start := time.Now()
+			p, err := images.NewBuilder(env.stderr).Build(ctx, guestTarget)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(env.stdout, "guest\t%s\tready in %v\n", p, time.Since(start).Round(100*time.Millisecond))
+		case images.IsRecipe(n):
+			recipes = append(recipes, n)
+		default:
+			return usagef("no image %q (container recipes: %s; also wasm, guest)", n, strings.Join(images.RecipeNames(), ", "))
 		}
 	}
+	if len(recipes) == 0 {
+		return nil
+	}
+	names = recipes
 	cli, err := docker.NewClient()
 	if err != nil {
 		return err
@@ -57,6 +77,22 @@ func imagesBuild(ctx context.Context, env *cliEnv, args []string) error {
 			fmt.Fprintf(env.stdout, "%s\t%s\tup to date\n", img.Ref, img.ID)
 		}
 	}
+	return nil
+}
+
+// buildWASMGuests builds and compiles the WASI guest programs now rather
+// than on first use.
+func buildWASMGuests(ctx context.Context, env *cliEnv) error {
+	start := time.Now()
+	be, err := wasm.New(ctx, wasm.Options{Progress: env.stderr})
+	if err != nil {
+		return err
+	}
+	defer be.Close()
+	if err := be.Warm(ctx, "python", "js"); err != nil {
+		return err
+	}
+	fmt.Fprintf(env.stdout, "wasm\tpython, js\tready in %v\n", time.Since(start).Round(100*time.Millisecond))
 	return nil
 }
 
