@@ -24,6 +24,7 @@ type Pool struct {
 	mu      sync.Mutex
 	ready   map[string][]Sandbox
 	filling map[string]bool
+	specs   map[string]Spec // every spec seen, so SetSize can refill them
 	closed  bool
 }
 
@@ -39,7 +40,41 @@ type PoolStats struct {
 func NewPool(backend Backend, size int) *Pool {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Pool{backend: backend, size: size, ctx: ctx, cancel: cancel,
-		ready: map[string][]Sandbox{}, filling: map[string]bool{}}
+		ready: map[string][]Sandbox{}, filling: map[string]bool{}, specs: map[string]Spec{}}
+}
+
+// Size is the number of ready sandboxes the pool keeps per spec.
+func (p *Pool) Size() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.size
+}
+
+// SetSize changes the number of ready sandboxes kept per spec, so a caller
+// can size the pool from demand: a larger size starts filling every spec
+// the pool has seen; a smaller one closes the surplus ready sandboxes.
+func (p *Pool) SetSize(n int) {
+	n = max(n, 0)
+	p.mu.Lock()
+	if p.closed || n == p.size {
+		p.mu.Unlock()
+		return
+	}
+	p.size = n
+	var surplus []Sandbox
+	for key, q := range p.ready {
+		if len(q) > n {
+			surplus = append(surplus, q[n:]...)
+			p.ready[key] = q[:n:n]
+		}
+	}
+	for _, spec := range p.specs {
+		p.startFillLocked(spec)
+	}
+	p.mu.Unlock()
+	for _, sb := range surplus {
+		sb.Close()
+	}
 }
 
 // Warm starts filling the pool for spec and returns at once.
@@ -85,6 +120,7 @@ func (p *Pool) Get(ctx context.Context, spec Spec) (Sandbox, error) {
 // startFillLocked tops up spec's queue in one background goroutine.
 func (p *Pool) startFillLocked(spec Spec) {
 	key := spec.Key()
+	p.specs[key] = spec
 	if p.size <= 0 || p.filling[key] || len(p.ready[key]) >= p.size {
 		return
 	}
