@@ -43,6 +43,12 @@ type Config struct {
 	ToolEnv func(env *tools.Env) error
 	// Observe, if set, sees every step as it is recorded (metrics).
 	Observe func(trajectory.Step)
+	// Pinned, if set, is pinned instead of fresh values (seed, episode id,
+	// hostname, env; see PinnedEnv): replay passes a trajectory's own.
+	Pinned map[string]string
+	// BeforeCall, if set, is asked before each tool call runs; false stops
+	// the turn there and leaves the episode open (replay stops at a step).
+	BeforeCall func(call ToolCall) bool
 }
 
 // Session is an episode in progress: its sandbox, tools, messages and
@@ -100,7 +106,7 @@ func Open(ctx context.Context, cfg Config) (*Session, error) {
 		TaskID: t.ID, TaskHash: t.Hash(), Seed: cfg.Seed, Task: taskJSON, StartedAt: s.start.UTC(),
 		Sandbox: trajectory.Sandbox{Backend: backend},
 		Policy:  pi,
-		Pinned:  map[string]string{"seed": fmt.Sprint(cfg.Seed), "episode_id": cfg.EpisodeID},
+		Pinned:  pins(cfg, t),
 	}
 	w, err := trajectory.NewWriter(cfg.Dir, rec)
 	if err != nil {
@@ -126,6 +132,7 @@ func Open(ctx context.Context, cfg Config) (*Session, error) {
 		}
 		spec.Env = env
 	}
+	applyPins(&spec, rec.Pinned)
 	spec.Labels = map[string]string{"rollbox.episode": cfg.EpisodeID, "rollbox.rollout": cfg.RolloutID}
 	sctx, cancel := context.WithDeadline(ctx, s.deadline)
 	defer cancel()
@@ -197,6 +204,10 @@ func (s *Session) Ended() bool {
 	defer s.mu.Unlock()
 	return s.ended
 }
+
+// Sandbox is the episode's sandbox (nil if it could not be made); it is
+// closed when the episode ends.
+func (s *Session) Sandbox() sandbox.Sandbox { return s.sb }
 
 // Trajectory returns the record (complete once Ended).
 func (s *Session) Trajectory() *trajectory.Trajectory {
@@ -298,6 +309,9 @@ func (s *Session) stepLocked(ctx context.Context, turn Turn) ([]ToolOutcome, err
 	for i, call := range turn.ToolCalls {
 		if err := s.deadlineErr(ctx); err != nil {
 			return outs, s.endCtx(ctx, err)
+		}
+		if s.cfg.BeforeCall != nil && !s.cfg.BeforeCall(call) {
+			return outs, nil
 		}
 		out, fatal := s.runCall(ctx, call)
 		outs = append(outs, out)
@@ -653,6 +667,15 @@ func Run(ctx context.Context, cfg Config) (*trajectory.Trajectory, error) {
 	if err != nil {
 		return nil, err
 	}
+	return s.Drive(ctx, cfg.Policy)
+}
+
+// Drive asks p for turns and steps the episode until it ends, like Run
+// (which is Open then Drive); replay drives a session it has already
+// stepped through recorded turns. The error is only for a record that
+// could not be written.
+func (s *Session) Drive(ctx context.Context, p Policy) (*trajectory.Trajectory, error) {
+	cfg := s.cfg
 	for !s.Ended() {
 		if derr := s.deadlineErr(ctx); derr != nil {
 			s.mu.Lock()
@@ -664,7 +687,7 @@ func Run(ctx context.Context, cfg Config) (*trajectory.Trajectory, error) {
 			break
 		}
 		pctx, cancel := context.WithDeadline(ctx, s.deadline)
-		turn, err := cfg.Policy.Next(pctx, Request{
+		turn, err := p.Next(pctx, Request{
 			EpisodeID: cfg.EpisodeID, TaskID: cfg.Task.ID, Turn: s.Turn(),
 			Messages: s.Messages(), Tools: s.Tools(), Sampling: s.cfg.Sampling,
 		})

@@ -54,6 +54,9 @@ type Spec struct {
 	Env     map[string]string `json:"env,omitempty"`
 	// Workdir is the writable, size-limited working directory (default /work).
 	Workdir string `json:"workdir,omitempty"`
+	// Hostname is the sandbox's host name, where the backend has one to set
+	// (a container's is otherwise its random id).
+	Hostname string `json:"hostname,omitempty"`
 	// Labels are attached to whatever the backend creates (containers, temp
 	// dirs), so leftovers of a crashed process can be found by owner.
 	Labels map[string]string `json:"labels,omitempty"`
@@ -151,6 +154,9 @@ func (s Spec) Validate() error {
 	if s.Workdir != "" && (!path.IsAbs(s.Workdir) || path.Clean(s.Workdir) != s.Workdir || s.Workdir == "/") {
 		return fieldErr("workdir", "%q must be a clean absolute path other than /", s.Workdir)
 	}
+	if s.Hostname != "" && !validHostname(s.Hostname) {
+		return fieldErr("hostname", "%q is not a host name (letters, digits, '-' and '.', at most 63)", s.Hostname)
+	}
 	for k := range s.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
 			return fieldErr("env", "variable name %q is empty or contains = or NUL", k)
@@ -162,6 +168,18 @@ func (s Spec) Validate() error {
 		}
 	}
 	return nil
+}
+
+func validHostname(h string) bool {
+	if len(h) > 63 || h[0] == '-' || h[0] == '.' {
+		return false
+	}
+	for _, c := range h {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
 }
 
 // Loosened lists the ways s is less isolated than the hardened default, so

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"path"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/rollbox/rollbox/sandbox"
@@ -107,15 +106,16 @@ func (Python) Schema() Schema {
 	}, "code"))
 }
 
-var pyFileSeq atomic.Int64
-
 func (Python) Run(ctx context.Context, env *Env, args map[string]any) (Result, error) {
 	argv := env.PythonArgv
 	if len(argv) == 0 {
 		argv = []string{"python3"}
 	}
-	file := fmt.Sprintf("/tmp/.rollbox-python-%d.py", pyFileSeq.Add(1))
-	if err := env.Sandbox.WriteFile(ctx, file, []byte(args["code"].(string)), 0o644); err != nil {
+	// Named by content, not by a counter: the name shows in tracebacks, and
+	// a replay must see the same one.
+	code := args["code"].(string)
+	file := "/tmp/.rollbox-python-" + digest([]byte(code))[:12] + ".py"
+	if err := env.Sandbox.WriteFile(ctx, file, []byte(code), 0o644); err != nil {
 		return fileError("python: write", file, err)
 	}
 	return env.exec(ctx, sandbox.ExecRequest{Argv: append(append([]string{}, argv...), file)})

@@ -195,6 +195,7 @@ func (b *Backend) containerConfig(spec sandbox.Spec, imageID string) (*container
 	cfg := &container.Config{
 		Image:           imageID,
 		Entrypoint:      []string{GuestMountPath},
+		Hostname:        spec.Hostname,
 		User:            b.opts.User,
 		WorkingDir:      spec.Workdir,
 		Env:             []string{"PATH=" + defaultPath},

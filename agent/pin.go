@@ -1,0 +1,72 @@
+package agent
+
+import (
+	"fmt"
+	"maps"
+	"strings"
+
+	"github.com/rollbox/rollbox/sandbox"
+)
+
+// Pinned keys of a trajectory: "seed" and "episode_id" identify the
+// episode; "hostname" is the sandbox's host name; "env.NAME" is an
+// environment variable the runtime set in the sandbox (unless the task set
+// it itself).
+const (
+	PinSeed      = "seed"
+	PinEpisodeID = "episode_id"
+	PinHostname  = "hostname"
+	PinEnvPrefix = "env."
+)
+
+// PinnedHostname is every sandbox's host name (a container's would
+// otherwise be its random id, which commands print).
+const PinnedHostname = "sandbox"
+
+// PinnedEnv is the environment the runtime fixes in every sandbox, so that
+// what a command prints does not depend on the machine, the day or the
+// process: UTC, a UTF-8 C locale, Python's hash seed (set iteration order),
+// and SOURCE_DATE_EPOCH (2024-01-01T00:00:00Z) for tools that stamp a build
+// time. HOME and PATH are fixed by each backend. A task's own sandbox.env
+// wins over these.
+var PinnedEnv = map[string]string{
+	"TZ":                "UTC",
+	"LANG":              "C.UTF-8",
+	"PYTHONHASHSEED":    "0",
+	"SOURCE_DATE_EPOCH": "1704067200",
+}
+
+// pins returns what an episode pins: cfg.Pinned as recorded (replay), or
+// fresh values for the episode.
+func pins(cfg Config, t *Task) map[string]string {
+	if cfg.Pinned != nil {
+		return maps.Clone(cfg.Pinned)
+	}
+	p := map[string]string{PinSeed: fmt.Sprint(cfg.Seed), PinEpisodeID: cfg.EpisodeID, PinHostname: PinnedHostname}
+	for k, v := range PinnedEnv {
+		if _, set := t.Sandbox.Env[k]; !set {
+			p[PinEnvPrefix+k] = v
+		}
+	}
+	return p
+}
+
+// applyPins puts the pinned hostname and environment into spec; the task's
+// own env entries are kept.
+func applyPins(spec *sandbox.Spec, pinned map[string]string) {
+	env := maps.Clone(spec.Env)
+	if env == nil {
+		env = map[string]string{}
+	}
+	for k, v := range pinned {
+		if name, ok := strings.CutPrefix(k, PinEnvPrefix); ok {
+			if _, set := env[name]; !set {
+				env[name] = v
+			}
+		}
+	}
+	spec.Env = env
+	if h := pinned[PinHostname]; h != "" {
+		spec.Hostname = h
+	}
+}
