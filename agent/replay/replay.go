@@ -1,7 +1,11 @@
-// Package replay is a Policy that replays the assistant turns recorded in
-// trajectories: `rollbox run --policy replay:DIR` re-runs a recorded run's
-// decisions against fresh sandboxes, and `rollbox replay` uses it to redo
-// one episode.
+// Package replay redoes recorded episodes. Policy replays the assistant
+// turns recorded in trajectories: `rollbox run --policy replay:DIR` re-runs
+// a recorded run's decisions against fresh sandboxes. Episode recreates one
+// episode's sandbox (image by digest, limits, pinned environment, seeded
+// files), re-executes its tool calls through the same session code, and
+// reports the first step whose result differs from the recording, with a
+// unified diff; `rollbox replay` prints it, opens a Shell where it stopped,
+// or lets a live policy go on from there.
 package replay
 
 import (

@@ -1,0 +1,113 @@
+package replay
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+	"maps"
+
+	"github.com/rollbox/rollbox/agent/trajectory"
+)
+
+// FieldDiff is one way a replayed tool result differs from the recorded one.
+type FieldDiff struct {
+	// Field is the trajectory's name for it: exit_code, output, stdout,
+	// stderr, files[/work/x.py], error_kind, ...
+	Field    string `json:"field"`
+	Recorded string `json:"recorded"`
+	Replayed string `json:"replayed"`
+	// Diff is a unified diff of a text field.
+	Diff string `json:"diff,omitempty"`
+}
+
+// compareTool compares a replayed tool step with the recorded one. Text is
+// compared after masking what ignore matches. Durations and start times are
+// not compared; stdout and stderr only when the recording kept them.
+func compareTool(rec, got trajectory.Step, ignore []*regexp.Regexp) []FieldDiff {
+	var out []FieldDiff
+	scalar := func(field, a, b string) {
+		if a != b {
+			out = append(out, FieldDiff{Field: field, Recorded: a, Replayed: b})
+		}
+	}
+	text := func(field, a, b string) {
+		a, b = mask(a, ignore), mask(b, ignore)
+		if a != b {
+			name := fmt.Sprintf("step %d %s", rec.Index, field)
+			out = append(out, FieldDiff{Field: field, Recorded: abbrev(a), Replayed: abbrev(b),
+				Diff: Unified(a, b, "recorded "+name, "replayed "+name, 3)})
+		}
+	}
+	scalar("name", rec.Name, got.Name)
+	scalar("error_kind", kind(rec.ErrorKind), kind(got.ErrorKind))
+	scalar("exit_code", intp(rec.ExitCode), intp(got.ExitCode))
+	scalar("signal", rec.Signal, got.Signal)
+	scalar("timed_out", fmt.Sprint(rec.TimedOut), fmt.Sprint(got.TimedOut))
+	scalar("oom_killed", fmt.Sprint(rec.OOMKilled), fmt.Sprint(got.OOMKilled))
+	text("output", rec.Output, got.Output)
+	scalar("truncated", fmt.Sprint(rec.Truncated), fmt.Sprint(got.Truncated))
+	if len(ignore) == 0 {
+		scalar("bytes_dropped", fmt.Sprint(rec.BytesDropped), fmt.Sprint(got.BytesDropped))
+	}
+	if rec.Stdout != nil {
+		text("stdout", string(*rec.Stdout), bytesOf(got.Stdout))
+	}
+	if rec.Stderr != nil {
+		text("stderr", string(*rec.Stderr), bytesOf(got.Stderr))
+	}
+	paths := slices.Sorted(maps.Keys(rec.Files))
+	for p := range got.Files {
+		if _, ok := rec.Files[p]; !ok {
+			paths = append(paths, p)
+		}
+	}
+	for _, p := range paths {
+		scalar("files["+p+"] sha256", orNone(rec.Files[p]), orNone(got.Files[p]))
+	}
+	return out
+}
+
+func mask(s string, ignore []*regexp.Regexp) string {
+	for _, re := range ignore {
+		s = re.ReplaceAllString(s, "<ignored>")
+	}
+	return s
+}
+
+func kind(k *string) string {
+	if k == nil {
+		return "null"
+	}
+	return *k
+}
+
+func intp(p *int) string {
+	if p == nil {
+		return "null"
+	}
+	return fmt.Sprint(*p)
+}
+
+func bytesOf(b *trajectory.Bytes) string {
+	if b == nil {
+		return ""
+	}
+	return string(*b)
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(not written)"
+	}
+	return s
+}
+
+// abbrev shortens a text for a one-line summary.
+func abbrev(s string) string {
+	const n = 120
+	r := []rune(s)
+	if len(r) > n {
+		return string(r[:n]) + "…"
+	}
+	return s
+}

@@ -1,0 +1,491 @@
+package replay
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+
+	"github.com/rollbox/rollbox/agent"
+	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/sandbox"
+)
+
+// ErrBadTrajectory marks a trajectory that cannot be replayed as it is (no
+// task, an unknown backend, a task that no longer parses).
+var ErrBadTrajectory = errors.New("trajectory cannot be replayed")
+
+// Options configure Episode.
+type Options struct {
+	// NewSandbox makes the sandbox. Episode passes the spec the recording
+	// ran: its limits, runtime, network, workdir, pinned env and hostname,
+	// and Image as resolved (see ResolveImage).
+	NewSandbox agent.SandboxFactory
+	// Image, if set, replaces the task's image name (the recorded digest as
+	// "docker:sha256:...").
+	Image string
+	// Dir receives the replay's own trajectory.
+	Dir string
+	// BaseDir resolves the task's relative workspace and index paths (the
+	// directory of the task file the run read; default the current one).
+	BaseDir string
+	// Until stops after the step with this index; -1 replays everything.
+	Until int
+	// Policy, if set, takes over after Until (at the end of that step's
+	// turn) or at the first divergence, and the episode runs on live.
+	Policy     agent.Policy
+	PolicyInfo trajectory.Policy
+	// KeepFinish stops before a recorded finish call, so the sandbox is
+	// still there for AtStop (a finished episode closes its sandbox).
+	KeepFinish bool
+	// Ignore masks text matching these (with "<ignored>") before comparing.
+	Ignore []*regexp.Regexp
+	// Configure, if set, adjusts the episode's config (search tools).
+	Configure func(*agent.Config) error
+	// OnStep, if set, sees each step as it is replayed (streamed reports).
+	OnStep func(StepReport)
+	// AtStop, if set, is called with the live sandbox where the replay
+	// stops, before the sandbox is closed (an interactive shell).
+	AtStop func(ctx context.Context, sb sandbox.Sandbox) error
+}
+
+// Report is what a replay found.
+type Report struct {
+	EpisodeID string `json:"episode_id"`
+	TaskID    string `json:"task_id"`
+	Backend   string `json:"backend"`
+	// Image is what ran: the recorded digest, or the name when there is none.
+	Image string `json:"image,omitempty"`
+	// Notes are things worth knowing that are not divergences (an image
+	// found by digest, a recorded sandbox that differs from the task's).
+	Notes []string     `json:"notes,omitempty"`
+	Steps []StepReport `json:"steps"`
+	// Divergence is the first step whose result differs, if any.
+	Divergence *StepReport `json:"divergence"`
+	// Stop says where and why the replay stopped: "end" (the recording
+	// ran out), "until", "divergence", "ended" (the episode ended), "live"
+	// (a live policy ran it on).
+	Stop       string `json:"stop"`
+	StopDetail string `json:"stop_detail"`
+	// LastStep is the index of the last recorded step replayed.
+	LastStep int `json:"last_step"`
+	// Recorded and Replayed are the two ends and rewards, when the replay
+	// ran to an end.
+	Recorded *End `json:"recorded,omitempty"`
+	Replayed *End `json:"replayed,omitempty"`
+	// Trajectory is the path of the replay's own record.
+	Trajectory string `json:"trajectory"`
+}
+
+// End is how an episode ended.
+type End struct {
+	Reason string   `json:"reason"`
+	Reward *float64 `json:"reward"`
+}
+
+// Diverged reports whether a step or the end differed.
+func (r *Report) Diverged() bool { return r.Divergence != nil }
+
+// StepReport is one replayed step.
+type StepReport struct {
+	Index int    `json:"index"`
+	Turn  int    `json:"turn"`
+	Type  string `json:"type"`
+	// Name and Arguments are the tool call's; Content the model turn's text.
+	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments,omitempty"`
+	Content   string `json:"content,omitempty"`
+	// Live marks a step the live policy took (nothing to compare with).
+	Live bool `json:"live,omitempty"`
+	// Match is false for a diverging tool step; Diffs say how.
+	Match bool        `json:"match"`
+	Diffs []FieldDiff `json:"diffs,omitempty"`
+	// ErrorKind and ExitCode are the replayed result's.
+	ErrorKind  string  `json:"error_kind,omitempty"`
+	ExitCode   *int    `json:"exit_code,omitempty"`
+	Truncated  bool    `json:"truncated,omitempty"`
+	RecordedMS float64 `json:"recorded_ms"`
+	ReplayedMS float64 `json:"replayed_ms"`
+}
+
+// TaskOf decodes the task a trajectory recorded, resolving relative paths
+// against baseDir.
+func TaskOf(tr *trajectory.Trajectory, baseDir string) (*agent.Task, error) {
+	if len(bytes.TrimSpace(tr.Task)) == 0 || string(tr.Task) == "null" {
+		return nil, fmt.Errorf("trajectory %s recorded no task: %w", tr.EpisodeID, ErrBadTrajectory)
+	}
+	task, err := agent.ParseTask(tr.Task, baseDir, nil)
+	if err != nil {
+		return nil, fmt.Errorf("trajectory %s: its task %q: %v: %w", tr.EpisodeID, tr.TaskID, err, ErrBadTrajectory)
+	}
+	return task, nil
+}
+
+// Episode recreates a recorded episode's sandbox and re-executes its tool
+// calls in order through the same session code that recorded them (the
+// same tools, environment, truncation and error kinds), comparing each
+// result with the recorded one. It stops at the first divergence, after
+// step Until, or where the recording ends; with a Policy the episode then
+// goes on live. The error is for a replay that could not run at all.
+//
+// # Errors
+//
+// ErrBadTrajectory (wrapped) for a trajectory without a usable task or
+// backend; an error from the record of the replay itself.
+func Episode(ctx context.Context, tr *trajectory.Trajectory, opts Options) (*Report, error) {
+	task, err := TaskOf(tr, opts.BaseDir)
+	if err != nil {
+		return nil, err
+	}
+	switch tr.Sandbox.Backend {
+	case "wasm", "docker":
+	default:
+		return nil, fmt.Errorf("trajectory %s: sandbox.backend %q is not one of wasm, docker: %w", tr.EpisodeID, tr.Sandbox.Backend, ErrBadTrajectory)
+	}
+	var recLimits *sandbox.Limits
+	if len(tr.Sandbox.Limits) > 0 && string(tr.Sandbox.Limits) != "null" {
+		recLimits = new(sandbox.Limits)
+		if err := json.Unmarshal(tr.Sandbox.Limits, recLimits); err != nil {
+			return nil, fmt.Errorf("trajectory %s: sandbox.limits: %v: %w", tr.EpisodeID, err, ErrBadTrajectory)
+		}
+	}
+	until := opts.Until
+	if until < 0 {
+		until = len(tr.Steps) - 1
+	}
+	if opts.Policy != nil { // a live policy needs every call of a turn answered
+		until = endOfTurn(tr, until)
+	}
+	r := &Report{EpisodeID: tr.EpisodeID, TaskID: tr.TaskID, Backend: tr.Sandbox.Backend, LastStep: -1, Steps: []StepReport{}}
+	r.Image = tr.Sandbox.ImageDigest
+	if r.Image == "" {
+		r.Image = task.Sandbox.Image
+	}
+
+	rp := &run{tr: tr, opts: opts, until: until, report: r}
+	var sampling agent.Sampling
+	if len(tr.Policy.Sampling) > 0 {
+		json.Unmarshal(tr.Policy.Sampling, &sampling)
+	}
+	pinned := tr.Pinned
+	if pinned == nil {
+		pinned = map[string]string{}
+	}
+	info := opts.PolicyInfo
+	if info.Kind == "" {
+		info = trajectory.Policy{Kind: "replay", Endpoint: tr.EpisodeID}
+	}
+	cfg := agent.Config{
+		Task: task, EpisodeID: tr.EpisodeID, RolloutID: tr.RolloutID, GroupID: tr.GroupID, GroupIndex: tr.GroupIndex,
+		Seed: tr.Seed, Dir: opts.Dir, Backend: tr.Sandbox.Backend, PolicyInfo: info, Sampling: sampling, Pinned: pinned,
+		NewSandbox: func(ctx context.Context, backend string, spec sandbox.Spec) (sandbox.Sandbox, error) {
+			if opts.Image != "" {
+				spec.Image = opts.Image
+			}
+			r.Notes = append(r.Notes, recordedSpec(&spec, tr.Sandbox, recLimits)...)
+			return opts.NewSandbox(ctx, tr.Sandbox.Backend, spec)
+		},
+		Observe:    rp.observe,
+		BeforeCall: rp.beforeCall,
+	}
+	if opts.Configure != nil {
+		if err := opts.Configure(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	s, err := agent.Open(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	r.Trajectory = filepath.Join(opts.Dir, tr.EpisodeID+".json")
+	if s.Ended() { // the sandbox could not be made
+		got := s.Trajectory()
+		rp.endDiverged(got)
+		return r, nil
+	}
+
+	turns := Turns(tr)
+	models := modelSteps(tr)
+	for i, turn := range turns {
+		if rp.stopped() || models[i] > until {
+			break
+		}
+		if _, _, err := s.Step(ctx, turn); err != nil {
+			return r, err
+		}
+		rp.mu.Lock()
+		r.LastStep = rp.next - 1
+		rp.mu.Unlock()
+		if s.Ended() {
+			break
+		}
+	}
+
+	switch {
+	case s.Ended():
+		// The replay ran to an end of its own: compare it with the recording's.
+		rp.compareEnd(s.Trajectory())
+	case opts.Policy != nil:
+		if r.Divergence != nil {
+			r.StopDetail = fmt.Sprintf("diverged at step %d; the live policy took over after step %d", r.Divergence.Index, r.LastStep)
+		} else {
+			r.StopDetail = fmt.Sprintf("the live policy took over after step %d", r.LastStep)
+		}
+		r.Stop = "live"
+		rp.mu.Lock()
+		rp.live = true
+		rp.mu.Unlock()
+		got, err := s.Drive(ctx, opts.Policy)
+		if err != nil {
+			return r, err
+		}
+		r.Replayed = endOf(got)
+	default:
+		rp.explainStop()
+		if opts.AtStop != nil && s.Sandbox() != nil {
+			if err := opts.AtStop(ctx, s.Sandbox()); err != nil {
+				s.Cancel(context.WithoutCancel(ctx), trajectory.EndCancelled, "replay stopped: "+r.StopDetail)
+				return r, err
+			}
+		}
+		if err := s.Cancel(context.WithoutCancel(ctx), trajectory.EndCancelled, "replay stopped: "+r.StopDetail); err != nil {
+			return r, err
+		}
+	}
+	return r, nil
+}
+
+// run is the state of one replay, shared with the session's hooks.
+type run struct {
+	tr     *trajectory.Trajectory
+	opts   Options
+	until  int
+	report *Report
+
+	mu   sync.Mutex
+	next int // index of the next step the session records
+	live bool
+	// heldFinish is set when a recorded finish was held back (KeepFinish).
+	heldFinish bool
+}
+
+// stopped reports whether the recorded turns stop here: at a divergence
+// (a live policy, if any, takes over after the diverging turn) or a finish
+// held back.
+func (rp *run) stopped() bool {
+	rp.mu.Lock()
+	defer rp.mu.Unlock()
+	return rp.report.Divergence != nil || rp.heldFinish
+}
+
+// beforeCall lets a call run unless the replay has diverged (and no live
+// policy is waiting), passed Until, or it is a finish to hold back.
+func (rp *run) beforeCall(call agent.ToolCall) bool {
+	rp.mu.Lock()
+	defer rp.mu.Unlock()
+	if rp.live {
+		return true
+	}
+	if rp.report.Divergence != nil && rp.opts.Policy == nil {
+		return false
+	}
+	if rp.next > rp.until {
+		return false
+	}
+	if rp.opts.KeepFinish && call.Name == "finish" {
+		rp.heldFinish = true
+		return false
+	}
+	return true
+}
+
+// observe compares each step the session records with the recorded one.
+func (rp *run) observe(got trajectory.Step) {
+	rp.mu.Lock()
+	rp.next = got.Index + 1
+	sr := StepReport{Index: got.Index, Turn: got.Turn, Type: got.Type, Name: got.Name, Content: got.Content,
+		Live: rp.live, Match: true, ReplayedMS: got.DurationMS, ExitCode: got.ExitCode, Truncated: got.Truncated}
+	if got.ErrorKind != nil {
+		sr.ErrorKind = *got.ErrorKind
+	}
+	if got.Type == trajectory.StepTool {
+		sr.Arguments = string(got.Arguments)
+	} else {
+		for _, c := range got.ToolCalls {
+			sr.Arguments += c.Name + " "
+		}
+		sr.Arguments = strings.TrimSpace(sr.Arguments)
+	}
+	if !rp.live {
+		if got.Index < len(rp.tr.Steps) {
+			rec := rp.tr.Steps[got.Index]
+			sr.RecordedMS = rec.DurationMS
+			switch {
+			case rec.Type != got.Type:
+				sr.Match = false
+				sr.Diffs = []FieldDiff{{Field: "type", Recorded: rec.Type, Replayed: got.Type}}
+			case got.Type == trajectory.StepTool:
+				sr.Diffs = compareTool(rec, got, rp.opts.Ignore)
+				sr.Match = len(sr.Diffs) == 0
+			}
+		} else {
+			sr.Match = false
+			sr.Diffs = []FieldDiff{{Field: "step", Recorded: "(none: the recording has " + fmt.Sprint(len(rp.tr.Steps)) + " steps)", Replayed: got.Type + " " + got.Name}}
+		}
+		if !sr.Match && rp.report.Divergence == nil {
+			d := sr
+			rp.report.Divergence = &d
+		}
+	}
+	rp.report.Steps = append(rp.report.Steps, sr)
+	onStep := rp.opts.OnStep
+	rp.mu.Unlock()
+	if onStep != nil {
+		onStep(sr)
+	}
+}
+
+// compareEnd compares the replay's end and reward with the recording's.
+func (rp *run) compareEnd(got *trajectory.Trajectory) {
+	r := rp.report
+	r.Recorded, r.Replayed = endOf(rp.tr), endOf(got)
+	r.Stop = "ended"
+	r.StopDetail = "the episode ended " + r.Replayed.Reason
+	if r.Divergence != nil {
+		return
+	}
+	d := &StepReport{Index: len(got.Steps), Type: "end", Match: false}
+	if a, b := r.Recorded.Reason, r.Replayed.Reason; a != b {
+		d.Diffs = append(d.Diffs, FieldDiff{Field: "termination.reason", Recorded: a, Replayed: b})
+	}
+	if a, b := rewardText(r.Recorded.Reward), rewardText(r.Replayed.Reward); a != b {
+		d.Diffs = append(d.Diffs, FieldDiff{Field: "reward.total", Recorded: a, Replayed: b})
+	}
+	if rp.tr.Reward != nil && got.Reward != nil && rp.tr.Reward.Verifier != nil && got.Reward.Verifier != nil {
+		a, b := rp.tr.Reward.Verifier, got.Reward.Verifier
+		if a.ExitCode != b.ExitCode {
+			d.Diffs = append(d.Diffs, FieldDiff{Field: "reward.verifier.exit_code", Recorded: fmt.Sprint(a.ExitCode), Replayed: fmt.Sprint(b.ExitCode)})
+		}
+	}
+	if len(got.Steps) != len(rp.tr.Steps) {
+		d.Diffs = append(d.Diffs, FieldDiff{Field: "steps", Recorded: fmt.Sprint(len(rp.tr.Steps)), Replayed: fmt.Sprint(len(got.Steps))})
+	}
+	if len(d.Diffs) > 0 {
+		r.Divergence = d
+		r.Stop = "divergence"
+		r.StopDetail = "the episode ended differently"
+	}
+}
+
+// endDiverged reports a sandbox that could not be made.
+func (rp *run) endDiverged(got *trajectory.Trajectory) {
+	r := rp.report
+	r.Recorded, r.Replayed = endOf(rp.tr), endOf(got)
+	msg := ""
+	if got.Termination != nil {
+		msg = got.Termination.Message
+	}
+	r.Stop = "ended"
+	r.StopDetail = "the sandbox could not be made: " + msg
+	if r.Recorded.Reason != r.Replayed.Reason || len(rp.tr.Steps) > 0 {
+		r.Divergence = &StepReport{Index: 0, Type: "end", Diffs: []FieldDiff{{Field: "termination", Recorded: r.Recorded.Reason, Replayed: r.Replayed.Reason + ": " + msg}}}
+		r.Stop = "divergence"
+	}
+}
+
+// explainStop says why a replay that did not reach an end stopped.
+func (rp *run) explainStop() {
+	r := rp.report
+	switch {
+	case r.Divergence != nil:
+		r.Stop = "divergence"
+		r.StopDetail = fmt.Sprintf("stopped at the first divergence, step %d", r.Divergence.Index)
+	case rp.heldFinish:
+		r.Stop = "until"
+		r.StopDetail = fmt.Sprintf("stopped before the recorded finish (step %d) to keep the sandbox", r.LastStep+1)
+	case rp.until < len(rp.tr.Steps)-1:
+		r.Stop = "until"
+		r.StopDetail = fmt.Sprintf("stopped after step %d as asked", r.LastStep)
+	default:
+		r.Stop = "end"
+		reason := "?"
+		if rp.tr.Termination != nil {
+			reason = rp.tr.Termination.Reason
+			if m := rp.tr.Termination.Message; m != "" {
+				reason += ": " + m
+			}
+		}
+		r.StopDetail = "the recording ends here (" + reason + ")"
+	}
+}
+
+func endOf(t *trajectory.Trajectory) *End {
+	e := &End{Reason: "?"}
+	if t.Termination != nil {
+		e.Reason = t.Termination.Reason
+	}
+	if t.Reward != nil {
+		v := t.Reward.Total
+		e.Reward = &v
+	}
+	return e
+}
+
+func rewardText(v *float64) string {
+	if v == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%.6g", *v)
+}
+
+// modelSteps lists the index of each model step, in order.
+func modelSteps(tr *trajectory.Trajectory) []int {
+	var out []int
+	for _, s := range tr.Steps {
+		if s.Type == trajectory.StepModel {
+			out = append(out, s.Index)
+		}
+	}
+	return out
+}
+
+// endOfTurn is the last step of the turn holding step i.
+func endOfTurn(tr *trajectory.Trajectory, i int) int {
+	if i >= len(tr.Steps) {
+		return len(tr.Steps) - 1
+	}
+	turn := tr.Steps[i].Turn
+	for i+1 < len(tr.Steps) && tr.Steps[i+1].Turn == turn {
+		i++
+	}
+	return i
+}
+
+// recordedSpec makes spec the sandbox the recording ran (limits, runtime,
+// network, workdir) and says where that differs from what the task alone
+// would give today.
+func recordedSpec(spec *sandbox.Spec, rec trajectory.Sandbox, limits *sandbox.Limits) []string {
+	var notes []string
+	want := spec.WithDefaults()
+	if limits != nil {
+		if *limits != want.Limits {
+			notes = append(notes, fmt.Sprintf("the recorded limits %+v differ from the task's defaults today %+v; using the recorded ones", *limits, want.Limits))
+		}
+		spec.Limits = *limits
+	}
+	if rec.Runtime != "" {
+		spec.Runtime = rec.Runtime
+	}
+	if rec.Network != "" {
+		spec.Network = rec.Network
+	}
+	if rec.Workdir != "" {
+		spec.Workdir = rec.Workdir
+	}
+	return notes
+}
