@@ -2,9 +2,9 @@ package replay
 
 import (
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
-	"maps"
 
 	"github.com/rollbox/rollbox/agent/trajectory"
 )

@@ -58,12 +58,12 @@ func call(name, args string) agent.Turn {
 
 // the recorded episode: steps 0..11, tool steps at odd indexes.
 var fixTurns = turns{
-	call("run_tests", `{}`),                    // 1: fails
+	call("run_tests", `{}`), // 1: fails
 	call("bash", `{"command": "echo $SOURCE_DATE_EPOCH $TZ; ls /work; hostname; python -c 'print(sorted({\"b\", \"a\", \"c\"}))'"}`), // 3
-	call("python", `{"code": "import calc\nprint(calc.add(1, 1))\nraise SystemExit(3)"}`), // 5
-	call("edit", `{"path": "calc.py", "old_string": "a - b", "new_string": "a + b"}`), // 7
-	call("run_tests", ``),                      // 9: passes
-	call("finish", `{"answer": "fixed"}`),      // 11
+	call("python", `{"code": "import calc\nprint(calc.add(1, 1))\nraise SystemExit(3)"}`),                                            // 5
+	call("edit", `{"path": "calc.py", "old_string": "a - b", "new_string": "a + b"}`),                                                // 7
+	call("run_tests", ``),                 // 9: passes
+	call("finish", `{"answer": "fixed"}`), // 11
 }
 
 func record(t *testing.T, taskJSON string, p agent.Policy) *trajectory.Trajectory {
