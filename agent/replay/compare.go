@@ -18,7 +18,15 @@ type FieldDiff struct {
 	Replayed string `json:"replayed"`
 	// Diff is a unified diff of a text field.
 	Diff string `json:"diff,omitempty"`
+	// Hint suggests what to do about it (timings that differ).
+	Hint string `json:"hint,omitempty"`
 }
+
+// timingRe matches durations as test runners and tools print them.
+var timingRe = regexp.MustCompile(`\b\d+(\.\d+)?\s?(ms|s|sec|secs|seconds)\b`)
+
+// TimingPattern is what to pass to --ignore when only timings differ.
+const TimingPattern = `[0-9.]+ ?(ms|s|sec|secs|seconds)\b`
 
 // compareTool compares a replayed tool step with the recorded one. Text is
 // compared after masking what ignore matches. Durations and start times are
@@ -34,8 +42,12 @@ func compareTool(rec, got trajectory.Step, ignore []*regexp.Regexp) []FieldDiff 
 		a, b = mask(a, ignore), mask(b, ignore)
 		if a != b {
 			name := fmt.Sprintf("step %d %s", rec.Index, field)
-			out = append(out, FieldDiff{Field: field, Recorded: abbrev(a), Replayed: abbrev(b),
-				Diff: Unified(a, b, "recorded "+name, "replayed "+name, 3)})
+			fd := FieldDiff{Field: field, Recorded: abbrev(a), Replayed: abbrev(b),
+				Diff: Unified(a, b, "recorded "+name, "replayed "+name, 3)}
+			if timingRe.ReplaceAllString(a, "T") == timingRe.ReplaceAllString(b, "T") {
+				fd.Hint = "only durations differ: wall time is not pinned; --ignore '" + TimingPattern + "' masks them"
+			}
+			out = append(out, fd)
 		}
 	}
 	scalar("name", rec.Name, got.Name)

@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -8,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/sandbox"
 )
 
 // Text writes a replay's report for people, step by step as it goes. Color
@@ -50,8 +52,10 @@ func (t Text) Header(tr *trajectory.Trajectory, image string, notes []string) {
 	if sb.Network != "" {
 		desc += " · network " + sb.Network
 	}
-	if len(sb.Limits) > 0 {
-		desc += " · limits " + string(sb.Limits)
+	var l sandbox.Limits
+	if len(sb.Limits) > 0 && json.Unmarshal(sb.Limits, &l) == nil {
+		desc += fmt.Sprintf(" · cpus %g · memory %d MB · pids %d · disk %d MB · tmp %d MB · exec timeout %v",
+			l.CPUs, l.MemoryMB, l.PIDs, l.DiskMB, l.TmpMB, l.ExecTimeout)
 	}
 	fmt.Fprintf(t.W, "  sandbox   %s\n", desc)
 	if len(tr.Pinned) > 0 {
@@ -131,6 +135,9 @@ func (t Text) Summary(r *Report) {
 				fmt.Fprintf(t.W, "  %s differs:\n", f.Field)
 				for _, line := range strings.SplitAfter(strings.TrimSuffix(f.Diff, "\n"), "\n") {
 					t.diffLine(strings.TrimSuffix(line, "\n"))
+				}
+				if f.Hint != "" {
+					fmt.Fprintf(t.W, "  %s %s\n", t.c(ansiYellow, "hint:"), f.Hint)
 				}
 				continue
 			}

@@ -1,0 +1,280 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"regexp"
+	"strings"
+	"syscall"
+
+	"golang.org/x/term"
+
+	"github.com/rollbox/rollbox/agent"
+	"github.com/rollbox/rollbox/agent/replay"
+	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/sandbox"
+	"github.com/rollbox/rollbox/sandbox/docker"
+)
+
+// stringList is a repeatable flag.
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, ", ") }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
+
+// parseInterspersed parses flags wherever they stand among the positional
+// arguments (rollbox replay FILE --until 3).
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		if args[0] == "--" {
+			return append(pos, args[1:]...), nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+func runReplay(ctx context.Context, env *cliEnv, args []string) error {
+	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
+	fs.SetOutput(env.stderr)
+	until := fs.Int("until", -1, "stop after this step (a trajectory step index; default: replay everything)")
+	shell := fs.Bool("shell", false, "open an interactive shell in the sandbox where the replay stops")
+	policySpec := fs.String("policy", "", "go on live from --until with this policy: openai:BASE_URL[#model=NAME] (or scripted:FILE, replay:DIR)")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	out := fs.String("out", "", "keep the replay's own trajectory in this directory (default: discarded)")
+	base := fs.String("base", "", "directory the task's relative workspace and index paths resolve against (default: the current one)")
+	var ignore stringList
+	fs.Var(&ignore, "ignore", "a regular expression whose matches are masked before comparing (repeatable; e.g. timings)")
+	fs.Usage = func() {
+		fmt.Fprintln(env.stderr, "usage: rollbox replay TRAJECTORY.json [--until N] [--shell] [--policy openai:URL] [--json] [--ignore RE] [--out DIR]")
+		fs.PrintDefaults()
+	}
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return usagef("%v", err)
+	}
+	if len(pos) != 1 {
+		return usagef("want one trajectory file: rollbox replay TRAJECTORY.json [flags]")
+	}
+	if *until < -1 {
+		return usagef("--until %d is negative", *until)
+	}
+	var masks []*regexp.Regexp
+	for _, s := range ignore {
+		re, err := regexp.Compile(s)
+		if err != nil {
+			return usagef("--ignore %q: %v", s, err)
+		}
+		masks = append(masks, re)
+	}
+
+	// Everything that can refuse the replay is checked before anything runs.
+	tr, err := trajectory.Read(pos[0])
+	if err != nil {
+		if errors.Is(err, trajectory.ErrNewerSchema) {
+			return usagef("%s: %v", pos[0], err)
+		}
+		return usagef("%v", err)
+	}
+	task, err := replay.TaskOf(tr, *base)
+	if err != nil {
+		return usagef("%v", err)
+	}
+	if *until >= len(tr.Steps) {
+		return usagef("--until %d: the trajectory has steps 0..%d", *until, len(tr.Steps)-1)
+	}
+	var policy agent.Policy
+	var policyInfo trajectory.Policy
+	if *policySpec != "" {
+		if policy, policyInfo, err = openPolicy(*policySpec, []*agent.Task{task}, policyOptions{}); err != nil {
+			return usagef("--policy: %v", err)
+		}
+	}
+	indexes, err := openSearchIndexes([]*agent.Task{task})
+	if err != nil {
+		return usagef("%v (use --base DIR for the directory of the task file the run read)", err)
+	}
+	defer indexes.Close()
+	switch tr.Sandbox.Backend {
+	case "wasm", "docker":
+	default:
+		return usagef("%s: sandbox.backend %q is not one of wasm, docker", pos[0], tr.Sandbox.Backend)
+	}
+	backend, err := openBackend(ctx, tr.Sandbox.Backend, env.stderr)
+	if err != nil {
+		return fmt.Errorf("backend %s: %w", tr.Sandbox.Backend, err)
+	}
+	defer backend.Close()
+	var image, note string
+	if imgs, ok := unwrapBackend(backend).(replay.Images); ok {
+		image, note, err = replay.ResolveImage(ctx, imgs, task.Sandbox.Image, tr.Sandbox.ImageDigest)
+		if err != nil {
+			if errors.Is(err, replay.ErrImageMissing) || errors.Is(err, replay.ErrImageChanged) || errors.Is(err, sandbox.ErrInvalidSpec) {
+				return usagef("%v", err)
+			}
+			return err
+		}
+	}
+
+	dir := *out
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "rollbox-replay-"); err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+	}
+	text := replay.Text{W: env.stdout, Color: colorOutput(env.stdout)}
+	shown := tr.Sandbox.ImageDigest
+	if shown == "" {
+		shown = tr.Sandbox.Image
+	}
+	var notes []string
+	if note != "" {
+		notes = append(notes, note)
+	}
+	if tr.Task != nil && task.Workspace != nil {
+		notes = append(notes, fmt.Sprintf("the workspace is copied from %s as it is now (the trajectory does not hold it)", task.WorkspacePath()))
+	}
+	if h := task.Hash(); tr.TaskHash != "" && h != tr.TaskHash {
+		notes = append(notes, fmt.Sprintf("the recorded task hashes to %s today, not %s: this rollbox reads it differently", h[:12], tr.TaskHash[:min(12, len(tr.TaskHash))]))
+	}
+	if !*asJSON {
+		text.Header(tr, shown, notes)
+	}
+	opts := replay.Options{
+		NewSandbox: func(ctx context.Context, name string, spec sandbox.Spec) (sandbox.Sandbox, error) {
+			return backend.Create(ctx, spec)
+		},
+		Image: image, Dir: dir, BaseDir: *base, Until: *until, Policy: policy, PolicyInfo: policyInfo,
+		Ignore: masks, Configure: indexes.configure,
+		KeepFinish: *shell && *until < 0 && policy == nil,
+	}
+	if !*asJSON {
+		opts.OnStep = text.Step
+	}
+	if *shell && policy == nil {
+		opts.AtStop = func(ctx context.Context, sb sandbox.Sandbox) error {
+			return openShell(ctx, env, sb)
+		}
+	}
+	report, err := replay.Episode(ctx, tr, opts)
+	if report != nil {
+		report.Notes = append(notes, report.Notes...)
+		if *out == "" {
+			report.Trajectory = ""
+		}
+		if *asJSON {
+			enc := json.NewEncoder(env.stdout)
+			enc.SetIndent("", "  ")
+			enc.Encode(report)
+		} else {
+			text.Summary(report)
+			if *out != "" {
+				fmt.Fprintf(env.stdout, "the replay's own trajectory: %s\n", report.Trajectory)
+			}
+		}
+	}
+	if err != nil {
+		if errors.Is(err, replay.ErrBadTrajectory) {
+			return usagef("%v", err)
+		}
+		return err
+	}
+	if report.Diverged() {
+		return &exitError{exitFailure}
+	}
+	return nil
+}
+
+// unwrapBackend peels wrappers (an audit log) off a backend to find its
+// optional capabilities.
+func unwrapBackend(b sandbox.Backend) sandbox.Backend {
+	for {
+		u, ok := b.(interface{ Unwrap() sandbox.Backend })
+		if !ok {
+			return b
+		}
+		b = u.Unwrap()
+	}
+}
+
+func unwrapSandbox(s sandbox.Sandbox) sandbox.Sandbox {
+	for {
+		u, ok := s.(interface{ Unwrap() sandbox.Sandbox })
+		if !ok {
+			return s
+		}
+		s = u.Unwrap()
+	}
+}
+
+// openShell gives the user a shell in sb: a real terminal in a container
+// when stdin is one, else a line shell through Exec.
+func openShell(ctx context.Context, env *cliEnv, sb sandbox.Sandbox) error {
+	fmt.Fprintf(env.stderr, "\nrollbox replay: opening a shell in %s (the episode's state at this point); exit to end the replay\n", sb.Info())
+	c, isContainer := unwrapSandbox(sb).(*docker.Container)
+	if !isContainer {
+		return replay.Shell(ctx, sb, env.stdin, env.stdout)
+	}
+	in, tty := env.stdin.(*os.File)
+	tty = tty && term.IsTerminal(int(in.Fd()))
+	opts := docker.ShellOptions{Stdin: env.stdin, Stdout: env.stdout, TTY: tty}
+	if tty {
+		fd := int(in.Fd())
+		if w, h, err := term.GetSize(fd); err == nil {
+			opts.Width, opts.Height = uint(w), uint(h)
+		}
+		state, err := term.MakeRaw(fd)
+		if err != nil {
+			return fmt.Errorf("terminal: %w", err)
+		}
+		defer term.Restore(fd, state)
+		winch := make(chan os.Signal, 1)
+		signal.Notify(winch, syscall.SIGWINCH)
+		defer signal.Stop(winch)
+		resize := make(chan [2]uint, 1)
+		done := make(chan struct{})
+		defer close(done)
+		go func() {
+			for {
+				select {
+				case <-done:
+					return
+				case <-winch:
+					if w, h, err := term.GetSize(fd); err == nil {
+						select {
+						case resize <- [2]uint{uint(w), uint(h)}:
+						default:
+						}
+					}
+				}
+			}
+		}()
+		opts.Resize = resize
+	}
+	code, err := c.Shell(ctx, opts)
+	if err == nil && code != 0 {
+		fmt.Fprintf(env.stderr, "rollbox replay: the shell exited %d\n", code)
+	}
+	return err
+}
+
+// colorOutput reports whether w is a terminal that wants colour.
+func colorOutput(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && os.Getenv("NO_COLOR") == "" && os.Getenv("TERM") != "dumb" && term.IsTerminal(int(f.Fd()))
+}

@@ -1,0 +1,211 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/rollbox/rollbox/agent/trajectory"
+)
+
+// recordRun runs a task file with a scripted policy and returns the
+// trajectories by task id.
+func recordRun(t *testing.T, tasks, policy string) map[string]string {
+	t.Helper()
+	out := t.TempDir()
+	code, _, stderr := rollbox(t, "run", "--tasks", tasks, "--policy", "scripted:"+policy, "--out", out)
+	if code != 0 {
+		t.Fatalf("rollbox run: exit %d: %s", code, stderr)
+	}
+	files, _ := filepath.Glob(filepath.Join(out, "episodes", "*.json"))
+	byTask := map[string]string{}
+	for _, f := range files {
+		tr, err := trajectory.Read(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byTask[tr.TaskID] = f
+	}
+	return byTask
+}
+
+// editTrajectory copies a trajectory file with a change made to its JSON.
+func editTrajectory(t *testing.T, file string, change func(doc map[string]any)) string {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	change(doc)
+	b, _ = json.MarshalIndent(doc, "", " ")
+	p := filepath.Join(t.TempDir(), filepath.Base(file))
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func step(doc map[string]any, i int) map[string]any {
+	return doc["steps"].([]any)[i].(map[string]any)
+}
+
+// firstToolStep is the index of the first tool step named name.
+func firstToolStep(t *testing.T, file, name string) int {
+	t.Helper()
+	tr, err := trajectory.Read(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range tr.Steps {
+		if s.Type == trajectory.StepTool && s.Name == name {
+			return s.Index
+		}
+	}
+	t.Fatalf("%s has no %s step", file, name)
+	return -1
+}
+
+// replayEvidence is the issue's evidence on one backend: a run's
+// trajectory replays with no divergence; with one recorded output altered,
+// the replay names that exact step as the first divergence and exits 1.
+func replayEvidence(t *testing.T, file, alterTool string) {
+	t.Helper()
+	code, stdout, stderr := rollbox(t, "replay", file)
+	if code != 0 || !strings.Contains(stdout, "no divergence") || !strings.Contains(stdout, "replayed finished") {
+		t.Fatalf("replay of an untouched trajectory: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	at := firstToolStep(t, file, alterTool)
+	altered := editTrajectory(t, file, func(doc map[string]any) {
+		s := step(doc, at)
+		s["output"] = strings.Replace(s["output"].(string), "\n", "\nsomething the sandbox never said\n", 1)
+	})
+	code, stdout, _ = rollbox(t, "replay", altered)
+	if code != 1 {
+		t.Fatalf("replay of an altered trajectory: exit %d, want 1\n%s", code, stdout)
+	}
+	want := fmt.Sprintf("first divergence at step %d (turn ", at)
+	if !strings.Contains(stdout, want) || !strings.Contains(stdout, "-something the sandbox never said") {
+		t.Errorf("report lacks %q and the diff line:\n%s", want, stdout)
+	}
+	if strings.Contains(stdout, fmt.Sprintf("#%-3d", at+1)) {
+		t.Errorf("the replay went on past the divergence:\n%s", stdout)
+	}
+}
+
+func TestReplayOfAnExampleEpisodeMatchesAndAnAlteredOutputIsFoundAtItsStep(t *testing.T) {
+	files := recordRun(t, "../../examples/coding/tasks.jsonl", "../../examples/coding/policy.jsonl")
+	replayEvidence(t, files["fix-add"], "read_file")
+	// Every example replays as recorded, whatever its reward.
+	for task, f := range files {
+		if code, stdout, stderr := rollbox(t, "replay", f); code != 0 {
+			t.Errorf("%s: exit %d\n%s%s", task, code, stdout, stderr)
+		}
+	}
+}
+
+const dockerReplayTask = `{"id": "py-steps", "prompt": "p", "sandbox": {"backend": "docker", "image": "python"},
+ "files": {"/work/calc.py": "def add(a, b):\n    return a - b\n", "/work/check.py": "from calc import add\nassert add(2, 3) == 5, 'add(2, 3) = %r' % add(2, 3)\nprint('ok')\n"},
+ "tools": ["bash", "python", "read_file", "edit", "run_tests", "finish"],
+ "reward": {"type": "tests", "command": "cd /work && python3 check.py", "timeout_s": 60}}`
+
+const dockerReplayScript = `{"task_id": "py-steps", "turns": [
+ {"tool_calls": [{"name": "run_tests", "arguments": {}}]},
+ {"tool_calls": [{"name": "bash", "arguments": {"command": "hostname; echo $TZ $SOURCE_DATE_EPOCH; ls -l /work | cut -c1-10; python3 -c 'print({\"b\", \"a\", \"c\", \"d\"})'"}}]},
+ {"tool_calls": [{"name": "edit", "arguments": {"path": "calc.py", "old_string": "a - b", "new_string": "a + b"}}]},
+ {"tool_calls": [{"name": "run_tests", "arguments": {}}]},
+ {"tool_calls": [{"name": "finish", "arguments": {}}]}]}`
+
+func TestReplayOfADockerEpisodeMatchesAndAnAlteredOutputIsFoundAtItsStep(t *testing.T) {
+	needDocker(t)
+	t.Setenv("ROLLBOX_OWNER", "rollbox-test-cmd")
+	dir := t.TempDir()
+	tasks := writeFile(t, dir, "tasks.jsonl", strings.Join(strings.Fields(dockerReplayTask), " "))
+	script := writeFile(t, dir, "script.jsonl", strings.Join(strings.Fields(dockerReplayScript), " "))
+	file := recordRun(t, tasks, script)["py-steps"]
+	tr, err := trajectory.Read(file)
+	if err != nil || tr.Reward == nil || tr.Reward.Total != 1 {
+		t.Fatalf("recording: %v %+v", err, tr)
+	}
+	if out := tr.Steps[3].Output; !strings.HasPrefix(out, "sandbox\nUTC 1704067200\n") {
+		t.Errorf("the container did not see the pinned hostname and env: %q", out)
+	}
+	replayEvidence(t, file, "bash")
+
+	t.Run("a changed image digest is refused before anything runs", func(t *testing.T) {
+		changed := editTrajectory(t, file, func(doc map[string]any) {
+			doc["sandbox"].(map[string]any)["image_digest"] = "sha256:" + strings.Repeat("0", 64)
+		})
+		code, stdout, stderr := rollbox(t, "replay", changed)
+		if code != 2 || !strings.Contains(stderr, "image python changed: the trajectory ran sha256:000") || strings.Contains(stdout, "#0") {
+			t.Errorf("exit %d\nstdout %s\nstderr %s", code, stdout, stderr)
+		}
+	})
+	t.Run("a missing image is refused before anything runs", func(t *testing.T) {
+		missing := editTrajectory(t, file, func(doc map[string]any) {
+			doc["task"].(map[string]any)["sandbox"].(map[string]any)["image"] = "docker:rollbox-test/absent:1"
+			doc["sandbox"].(map[string]any)["image_digest"] = "sha256:" + strings.Repeat("1", 64)
+		})
+		code, stdout, stderr := rollbox(t, "replay", missing)
+		if code != 2 || !strings.Contains(stderr, "is not on this machine") || !strings.Contains(stderr, "rollbox-test/absent:1") || strings.Contains(stdout, "#0") {
+			t.Errorf("exit %d\nstdout %s\nstderr %s", code, stdout, stderr)
+		}
+	})
+}
+
+func TestReplayUntilStopsAfterThatStep(t *testing.T) {
+	files := recordRun(t, "../../examples/coding/tasks.jsonl", "../../examples/coding/policy.jsonl")
+	code, stdout, stderr := rollbox(t, "replay", files["fix-add"], "--until", "3")
+	if code != 0 || !strings.Contains(stdout, "stopped after step 3 as asked") || !strings.Contains(stdout, "#3 ") || strings.Contains(stdout, "#4 ") {
+		t.Errorf("exit %d\n%s%s", code, stdout, stderr)
+	}
+	code, stdout, _ = rollbox(t, "replay", "--json", "--until", "1", files["fix-add"])
+	var rep struct {
+		Stop       string `json:"stop"`
+		LastStep   int    `json:"last_step"`
+		Divergence any    `json:"divergence"`
+		Steps      []struct {
+			Index int  `json:"index"`
+			Match bool `json:"match"`
+		} `json:"steps"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &rep); err != nil || code != 0 {
+		t.Fatalf("exit %d, %v: %s", code, err, stdout)
+	}
+	if rep.Stop != "until" || rep.LastStep != 1 || len(rep.Steps) != 2 || rep.Divergence != nil {
+		t.Errorf("report %+v", rep)
+	}
+}
+
+func TestReplayRefusesBadInputBeforeRunningAnything(t *testing.T) {
+	files := recordRun(t, "../../examples/coding/tasks.jsonl", "../../examples/coding/policy.jsonl")
+	f := files["sum-of-squares"]
+	newer := editTrajectory(t, f, func(doc map[string]any) { doc["schema"] = "rollbox.trajectory/v2" })
+	noTask := editTrajectory(t, f, func(doc map[string]any) { delete(doc, "task") })
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"a trajectory from a newer schema", []string{newer}, `trajectory schema "rollbox.trajectory/v2" (this rollbox reads rollbox.trajectory/v1): trajectory written by a newer schema; upgrade rollbox`},
+		{"a trajectory without its task", []string{noTask}, "recorded no task"},
+		{"a missing file", []string{filepath.Join(t.TempDir(), "nope.json")}, "no such file"},
+		{"no file", nil, "want one trajectory file"},
+		{"a step past the end", []string{f, "--until", "99"}, "--until 99: the trajectory has steps 0..3"},
+		{"a bad mask", []string{f, "--ignore", "("}, "--ignore"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, stdout, stderr := rollbox(t, append([]string{"replay"}, tt.args...)...)
+			if code != 2 || !strings.Contains(stderr, tt.want) || stdout != "" {
+				t.Errorf("exit %d, stderr %q, stdout %q; want 2 and %q", code, stderr, stdout, tt.want)
+			}
+		})
+	}
+}
