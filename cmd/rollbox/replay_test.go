@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/internal/fakepolicy"
 )
 
 // recordRun runs a task file with a scripted policy and returns the
@@ -207,5 +208,32 @@ func TestReplayRefusesBadInputBeforeRunningAnything(t *testing.T) {
 				t.Errorf("exit %d, stderr %q, stdout %q; want 2 and %q", code, stderr, stdout, tt.want)
 			}
 		})
+	}
+}
+
+func TestReplayHandsTheEpisodeToALivePolicyAfterTheStep(t *testing.T) {
+	srv, err := fakepolicy.Start(fakepolicy.Config{Record: true, Responder: fakepolicy.Script(
+		fakepolicy.Reply{}, fakepolicy.Reply{}, // turns 0 and 1 are replayed, not asked
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "bash", Arguments: `{"command": "sed -i 's/a - b/b + a/' /work/calc.py"}`}}},
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "finish", Arguments: `{"answer": "live fix"}`}}},
+	)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	files := recordRun(t, "../../examples/coding/tasks.jsonl", "../../examples/coding/policy.jsonl")
+	out := t.TempDir()
+	code, stdout, stderr := rollbox(t, "replay", files["fix-add"], "--until", "2", "--policy", "openai:"+srv.URL()+"#model=m", "--out", out)
+	if code != 0 || !strings.Contains(stdout, "the live policy took over after step 3") || !strings.Contains(stdout, "finished, reward 1 (live)") {
+		t.Fatalf("exit %d\n%s%s", code, stdout, stderr)
+	}
+	reqs := srv.Requests()
+	if len(reqs) != 2 || !strings.Contains(fmt.Sprint(reqs[0].Messages), "def add(a, b)") {
+		t.Errorf("the live policy did not see the replayed conversation: %d requests %+v", len(reqs), reqs)
+	}
+	own, _ := filepath.Glob(filepath.Join(out, "*.json"))
+	tr, err := trajectory.Read(own[0])
+	if err != nil || tr.Policy.Kind != "openai" || *tr.Termination.Answer != "live fix" || tr.Reward.Total != 1 {
+		t.Errorf("the live episode's record: %v %+v", err, tr)
 	}
 }
