@@ -246,8 +246,35 @@ func Recover(partial string) (*Trajectory, error) {
 		}
 		t.Termination = &Termination{Reason: EndInterrupted, Message: msg, Step: len(t.Steps) - 1}
 		t.Reward = nil
+		t.Stats = statsOf(t)
 	}
 	return t, nil
+}
+
+// statsOf totals the steps of a trajectory that never recorded its end.
+func statsOf(t *Trajectory) Stats {
+	st := Stats{ToolErrors: map[string]int{}}
+	for _, s := range t.Steps {
+		switch s.Type {
+		case StepModel:
+			st.Turns++
+			st.PolicyMS += s.DurationMS
+			if s.Usage != nil {
+				st.PromptTokens += s.Usage.PromptTokens
+				st.CompletionTokens += s.Usage.CompletionTokens
+			}
+		case StepTool:
+			st.ToolCalls++
+			st.ToolMS += s.DurationMS
+			if s.ErrorKind != nil {
+				st.ToolErrors[*s.ErrorKind]++
+			}
+		}
+	}
+	if t.EndedAt != nil {
+		st.DurationMS = float64(t.EndedAt.Sub(t.StartedAt)) / float64(time.Millisecond)
+	}
+	return st
 }
 
 func apply(t **Trajectory, jl journalLine) error {

@@ -58,6 +58,7 @@ func commands() map[string]command {
 		"index":   {"build, inspect or query a search index (rollbox index build --corpus FILE --out DIR)", runIndex},
 		"run":     {"run every task of a task file (× group) and write trajectories", runRun},
 		"replay":  {"re-execute a trajectory's tool calls and show where the results diverge (rollbox replay FILE [--until N] [--shell])", runReplay},
+		"serve":   {"serve the rollout HTTP API (rollbox serve [--addr 127.0.0.1:7070] [--data DIR])", runServe},
 	}
 }
 

@@ -1,0 +1,126 @@
+package runtime
+
+import (
+	"bufio"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rollbox/rollbox/agent/trajectory"
+)
+
+// Metrics are the service's Prometheus collectors. They are registered on
+// the registry given to NewMetrics (no package globals), so tests and the
+// binary each own theirs.
+type Metrics struct {
+	Episodes        *prometheus.GaugeVec   // state: queued, running, env
+	EpisodesEnded   *prometheus.CounterVec // mode, reason
+	Turns           prometheus.Counter
+	ToolCalls       *prometheus.CounterVec   // tool, backend
+	ToolDuration    *prometheus.HistogramVec // tool, backend
+	ToolErrors      *prometheus.CounterVec   // tool, kind
+	PolicyDuration  *prometheus.HistogramVec // endpoint
+	PolicyWait      *prometheus.HistogramVec // endpoint
+	PolicyInflight  *prometheus.GaugeVec     // endpoint
+	PolicyErrors    *prometheus.CounterVec   // endpoint
+	SandboxAcquire  *prometheus.HistogramVec // backend, source (pool, create)
+	SandboxFailures *prometheus.CounterVec   // backend
+	InfraRetries    *prometheus.CounterVec   // backend
+	Rejected        *prometheus.CounterVec   // what: rollout, episode
+	Rollouts        *prometheus.CounterVec   // state reached: submitted, done, cancelled, interrupted
+	HTTPRequests    *prometheus.CounterVec   // route, code
+	Recovered       prometheus.Counter
+}
+
+// latencyBuckets span 100 µs to ~100 s.
+var latencyBuckets = prometheus.ExponentialBuckets(0.0001, 2.5, 16)
+
+// NewMetrics makes the collectors and registers them on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Episodes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "rollbox_episodes",
+			Help: "Episodes by state: queued (admitted, not started), running (rollout mode), env (environment mode, open)."}, []string{"state"}),
+		EpisodesEnded: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rollbox_episodes_ended_total",
+			Help: "Episodes that ended, by mode (rollout, env) and termination reason."}, []string{"mode", "reason"}),
+		Turns: prometheus.NewCounter(prometheus.CounterOpts{Name: "rollbox_turns_total", Help: "Model turns recorded."}),
+		ToolCalls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rollbox_tool_calls_total",
+			Help: "Tool calls, by tool and sandbox backend."}, []string{"tool", "backend"}),
+		ToolDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rollbox_tool_duration_seconds",
+			Help: "Wall time of one tool call, by tool and sandbox backend.", Buckets: latencyBuckets}, []string{"tool", "backend"}),
+		ToolErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rollbox_tool_errors_total",
+			Help: "Tool calls that failed, by tool and error kind (the trajectory's closed list)."}, []string{"tool", "kind"}),
+		PolicyDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rollbox_policy_request_duration_seconds",
+			Help: "Wall time of one policy call (retries included), by endpoint.", Buckets: latencyBuckets}, []string{"endpoint"}),
+		PolicyWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rollbox_policy_wait_seconds",
+			Help: "Time an episode waited for one of the endpoint's concurrency slots.", Buckets: latencyBuckets}, []string{"endpoint"}),
+		PolicyInflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "rollbox_policy_inflight",
+			Help: "Policy calls in flight, by endpoint."}, []string{"endpoint"}),
+		PolicyErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rollbox_policy_errors_total",
+			Help: "Policy calls that failed after the client's retries, by endpoint."}, []string{"endpoint"}),
+		SandboxAcquire: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rollbox_sandbox_acquire_seconds",
+			Help: "Time to get a ready sandbox, by backend and source (pool: a warm pool was consulted; create: created on demand).", Buckets: latencyBuckets}, []string{"backend", "source"}),
+		SandboxFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rollbox_sandbox_create_failures_total",
+			Help: "Sandbox creations that failed, by backend."}, []string{"backend"}),
+		InfraRetries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rollbox_infra_retries_total",
+			Help: "Episodes restarted after an infrastructure failure before the policy was asked anything, by backend."}, []string{"backend"}),
+		Rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rollbox_admission_rejected_total",
+			Help: "Requests refused with 429 because the service was full, by kind (rollout, episode)."}, []string{"kind"}),
+		Rollouts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rollbox_rollouts_total",
+			Help: "Rollouts submitted and ended, by state reached."}, []string{"state"}),
+		HTTPRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rollbox_http_requests_total",
+			Help: "HTTP requests served, by route pattern and status code."}, []string{"route", "code"}),
+		Recovered: prometheus.NewCounter(prometheus.CounterOpts{Name: "rollbox_recovered_episodes_total",
+			Help: "Episodes found in flight at start-up and marked interrupted."}),
+	}
+	reg.MustRegister(m.Episodes, m.EpisodesEnded, m.Turns, m.ToolCalls, m.ToolDuration, m.ToolErrors,
+		m.PolicyDuration, m.PolicyWait, m.PolicyInflight, m.PolicyErrors, m.SandboxAcquire, m.SandboxFailures,
+		m.InfraRetries, m.Rejected, m.Rollouts, m.HTTPRequests, m.Recovered,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rollbox_process_peak_rss_bytes",
+			Help: "Peak resident set size of this process (VmHWM)."}, func() float64 { return float64(PeakRSS()) }))
+	return m
+}
+
+// observer returns the agent.Config.Observe hook of one episode.
+func (m *Metrics) observer(backend string) func(trajectory.Step) {
+	return func(s trajectory.Step) {
+		if s.Type == trajectory.StepModel {
+			m.Turns.Inc()
+			return
+		}
+		m.ToolCalls.WithLabelValues(s.Name, backend).Inc()
+		m.ToolDuration.WithLabelValues(s.Name, backend).Observe(s.DurationMS / 1000)
+		if s.ErrorKind != nil {
+			m.ToolErrors.WithLabelValues(s.Name, *s.ErrorKind).Inc()
+		}
+	}
+}
+
+func seconds(d time.Duration) float64 { return d.Seconds() }
+
+// PeakRSS is this process's peak resident set size in bytes (VmHWM from
+// /proc/self/status), or 0 where that is not available.
+func PeakRSS() int64 { return ProcPeakRSS("self") }
+
+// ProcPeakRSS reads VmHWM of /proc/<pid>/status ("self" for this process).
+func ProcPeakRSS(pid string) int64 {
+	f, err := os.Open("/proc/" + pid + "/status")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			f := strings.Fields(rest)
+			if len(f) >= 1 {
+				kb, _ := strconv.ParseInt(f[0], 10, 64)
+				return kb << 10
+			}
+		}
+	}
+	return 0
+}

@@ -1,0 +1,104 @@
+package runtime
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/rollbox/rollbox/agent"
+)
+
+// endpoint is one policy server (by base URL): a connection pool and a cap
+// on calls in flight shared by every rollout that uses it, so thousands of
+// episodes keep it busy without opening thousands of connections.
+type endpoint struct {
+	url    string
+	sem    chan struct{}
+	client *http.Client
+}
+
+type endpoints struct {
+	limit int
+	mu    sync.Mutex
+	m     map[string]*endpoint
+}
+
+func (e *endpoints) get(url string) *endpoint {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if ep := e.m[url]; ep != nil {
+		return ep
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns = 0
+	tr.MaxIdleConnsPerHost = e.limit
+	tr.MaxConnsPerHost = e.limit
+	ep := &endpoint{url: url, sem: make(chan struct{}, e.limit), client: &http.Client{Transport: tr}}
+	e.m[url] = ep
+	return ep
+}
+
+func (e *endpoints) Close() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, ep := range e.m {
+		ep.client.CloseIdleConnections()
+	}
+}
+
+func acquire(ctx context.Context, sem chan struct{}) error {
+	if sem == nil {
+		return nil
+	}
+	select {
+	case sem <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+func release(sem chan struct{}) {
+	if sem != nil {
+		<-sem
+	}
+}
+
+// gatedPolicy is one episode's view of its rollout's policy: each call
+// waits for a slot of the rollout's cap and of the endpoint's, and is
+// measured.
+type gatedPolicy struct {
+	inner      agent.Policy
+	ep         *endpoint
+	rolloutSem chan struct{}
+	metrics    *Metrics
+}
+
+func (g *gatedPolicy) Next(ctx context.Context, req agent.Request) (agent.Turn, error) {
+	start := time.Now()
+	if err := acquire(ctx, g.rolloutSem); err != nil {
+		return agent.Turn{}, err
+	}
+	defer release(g.rolloutSem)
+	if err := acquire(ctx, g.ep.sem); err != nil {
+		return agent.Turn{}, err
+	}
+	defer release(g.ep.sem)
+	g.metrics.PolicyWait.WithLabelValues(g.ep.url).Observe(seconds(time.Since(start)))
+	inflight := g.metrics.PolicyInflight.WithLabelValues(g.ep.url)
+	inflight.Inc()
+	defer inflight.Dec()
+	t0 := time.Now()
+	turn, err := g.inner.Next(ctx, req)
+	g.metrics.PolicyDuration.WithLabelValues(g.ep.url).Observe(seconds(time.Since(t0)))
+	if err != nil && ctx.Err() == nil {
+		g.metrics.PolicyErrors.WithLabelValues(g.ep.url).Inc()
+	}
+	return turn, err
+}

@@ -1,0 +1,802 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/rollbox/rollbox/agent"
+	"github.com/rollbox/rollbox/agent/openai"
+	"github.com/rollbox/rollbox/agent/trajectory"
+)
+
+// Rollout states. "interrupted" is a rollout that the service stopped
+// (crash or shutdown) before all its episodes ended; those episodes are
+// recorded as interrupted.
+const (
+	RolloutQueued      = "queued"
+	RolloutRunning     = "running"
+	RolloutDone        = "done"
+	RolloutCancelled   = "cancelled"
+	RolloutInterrupted = "interrupted"
+)
+
+func terminalState(s string) bool {
+	return s == RolloutDone || s == RolloutCancelled || s == RolloutInterrupted
+}
+
+// rollout is a rollout in memory: a live one, or one loaded from the store.
+type rollout struct {
+	id       string
+	tasks    []*agent.Task
+	backend  string
+	policy   agent.Policy
+	info     trajectory.Policy
+	sampling agent.Sampling
+	endpoint *endpoint
+	sem      chan struct{} // the rollout's own policy concurrency cap, or nil
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+
+	queue []*job // guarded by the scheduler's mu
+
+	mu        sync.Mutex
+	rec       *rolloutRecord
+	episodes  []*episodeState
+	byID      map[string]*episodeState
+	groups    map[string]*groupState
+	finished  []*episodeState // in finish order
+	released  []*episodeState // whose group is complete, in release order
+	running   int
+	scored    int
+	rewardSum float64
+	ends      map[string]int
+	toolErrs  map[string]int
+	changed   chan struct{} // closed and replaced on every change
+}
+
+type episodeState struct {
+	rec     *episodeRecord
+	task    *agent.Task
+	group   *groupState
+	stats   *trajectory.GroupStats // set when the group completes
+	session *agent.Session         // while running
+}
+
+type groupState struct {
+	id      string
+	members []*episodeState
+	ended   int
+}
+
+func newRollout(rec *rolloutRecord) *rollout {
+	return &rollout{rec: rec, id: rec.ID, byID: map[string]*episodeState{}, groups: map[string]*groupState{},
+		ends: map[string]int{}, toolErrs: map[string]int{}, changed: make(chan struct{})}
+}
+
+// addEpisode registers an episode (under construction: no lock).
+func (r *rollout) addEpisode(e *episodeState) {
+	g := r.groups[e.rec.GroupID]
+	if g == nil {
+		g = &groupState{id: e.rec.GroupID}
+		r.groups[e.rec.GroupID] = g
+	}
+	g.members = append(g.members, e)
+	e.group = g
+	r.episodes = append(r.episodes, e)
+	r.byID[e.rec.ID] = e
+}
+
+// notifyLocked wakes every stream waiting on the rollout.
+func (r *rollout) notifyLocked() {
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// endLocked records an episode's end in memory; it returns whether the
+// rollout has now ended. rec must already carry the outcome.
+func (r *rollout) endLocked(e *episodeState) (rolloutEnded bool) {
+	rec := e.rec
+	r.finished = append(r.finished, e)
+	rec.Seq = len(r.finished)
+	r.ends[rec.Reason]++
+	if rec.Reward != nil {
+		r.scored++
+		r.rewardSum += *rec.Reward
+	}
+	for k, v := range rec.ToolErrors {
+		r.toolErrs[k] += v
+	}
+	g := e.group
+	g.ended++
+	if g.ended == len(g.members) {
+		r.releaseLocked(g)
+	}
+	r.notifyLocked()
+	return len(r.finished) == len(r.episodes)
+}
+
+// releaseLocked computes a complete group's statistics and makes its
+// episodes visible to streams, in group order.
+func (r *rollout) releaseLocked(g *groupState) {
+	members := append([]*episodeState(nil), g.members...)
+	sort.Slice(members, func(i, j int) bool { return members[i].rec.GroupIndex < members[j].rec.GroupIndex })
+	ts := make([]*trajectory.Trajectory, len(members))
+	for i, m := range members {
+		ts[i] = &trajectory.Trajectory{}
+		if m.rec.Reward != nil {
+			ts[i].Reward = &trajectory.Reward{Total: *m.rec.Reward}
+		}
+	}
+	st := GroupStatistics(ts)
+	for _, m := range members {
+		gs := &trajectory.GroupStats{Size: len(members), RewardMean: st.RewardMean, RewardStd: st.RewardStd, ZeroVariance: st.ZeroVariance}
+		if m.rec.Reward != nil {
+			gs.Advantage = *m.rec.Reward - st.RewardMean
+		}
+		m.stats = gs
+	}
+	r.released = append(r.released, members...)
+}
+
+// RolloutStatus is the body of GET /v1/rollouts/{id}.
+type RolloutStatus struct {
+	ID              string         `json:"id"`
+	State           string         `json:"state"`
+	EpisodesTotal   int            `json:"episodes_total"`
+	EpisodesDone    int            `json:"episodes_done"`
+	EpisodesRunning int            `json:"episodes_running"`
+	EpisodesQueued  int            `json:"episodes_queued"`
+	GroupSize       int            `json:"group_size"`
+	GroupsTotal     int            `json:"groups_total"`
+	GroupsDone      int            `json:"groups_done"`
+	Scored          int            `json:"scored"`
+	RewardMean      *float64       `json:"reward_mean"`
+	Ends            map[string]int `json:"ends"`
+	ToolErrors      map[string]int `json:"tool_errors"`
+	InfraRetries    int            `json:"infra_retries"`
+	Backend         string         `json:"backend"`
+	Policy          PolicyStatus   `json:"policy"`
+	CreatedAt       time.Time      `json:"created_at"`
+	EndedAt         *time.Time     `json:"ended_at,omitempty"`
+	Message         string         `json:"message,omitempty"`
+}
+
+// PolicyStatus is the policy a rollout runs against.
+type PolicyStatus struct {
+	BaseURL  string          `json:"base_url"`
+	Model    string          `json:"model"`
+	Sampling json.RawMessage `json:"sampling,omitempty"`
+}
+
+func (r *rollout) status() RolloutStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rec := r.rec
+	st := RolloutStatus{ID: r.id, State: rec.State, EpisodesTotal: len(r.episodes), EpisodesDone: len(r.finished),
+		EpisodesRunning: r.running, GroupSize: rec.GroupSize, GroupsTotal: len(r.groups),
+		Scored: r.scored, Ends: copyCounts(r.ends), ToolErrors: copyCounts(r.toolErrs), InfraRetries: rec.InfraRetries,
+		Backend: rec.Backend, CreatedAt: rec.CreatedAt, EndedAt: rec.EndedAt, Message: rec.Message,
+		Policy: PolicyStatus{BaseURL: rec.Policy.Endpoint, Model: rec.Policy.Model, Sampling: rec.Policy.Sampling}}
+	st.EpisodesQueued = st.EpisodesTotal - st.EpisodesDone - st.EpisodesRunning
+	for _, g := range r.groups {
+		if g.ended == len(g.members) {
+			st.GroupsDone++
+		}
+	}
+	if r.scored > 0 {
+		m := r.rewardSum / float64(r.scored)
+		st.RewardMean = &m
+	}
+	return st
+}
+
+func copyCounts(m map[string]int) map[string]int {
+	out := make(map[string]int, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// parseRollout validates a POST /v1/rollouts body into a rollout ready to
+// queue. Every error is a 4xx naming the field.
+func (s *Server) parseRollout(body []byte) (*rollout, []*job, error) {
+	var req RolloutRequest
+	if err := decodeStrict(body, &req, ""); err != nil {
+		return nil, nil, err
+	}
+	if req.Tasks == nil {
+		return nil, nil, badField("tasks", "required: a non-empty array of tasks (inline, or {\"id\": ...} of a task the service knows)")
+	}
+	if len(req.Tasks) == 0 {
+		return nil, nil, badField("tasks", "is empty")
+	}
+	if req.GroupSize == 0 {
+		req.GroupSize = 1
+	}
+	if req.GroupSize < 1 || req.GroupSize > s.limits.MaxGroupSize {
+		return nil, nil, badField("group_size", "%d is outside 1..%d", req.GroupSize, s.limits.MaxGroupSize)
+	}
+	backend := req.Backend
+	switch backend {
+	case "":
+		backend = s.opts.DefaultBackend
+	case "wasm", "docker":
+	default:
+		return nil, nil, badField("backend", "%q is not one of wasm, docker", backend)
+	}
+	if len(req.Policy) == 0 || string(req.Policy) == "null" {
+		return nil, nil, badField("policy", "required: {\"base_url\": URL, \"model\": NAME, \"sampling\": {...}}")
+	}
+	var pr PolicyRequest
+	if err := decodeStrict(req.Policy, &pr, "policy"); err != nil {
+		return nil, nil, err
+	}
+	if pr.BaseURL == "" {
+		return nil, nil, badField("policy.base_url", "required: the OpenAI-compatible server's API root, e.g. http://127.0.0.1:8000/v1")
+	}
+	if u, err := url.Parse(pr.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, nil, badField("policy.base_url", "%q is not an http or https URL", pr.BaseURL)
+	}
+	if pr.Model == "" {
+		return nil, nil, badField("policy.model", "required: the model name the server serves")
+	}
+	if pr.MaxRetries != nil && (*pr.MaxRetries < 0 || *pr.MaxRetries > 20) {
+		return nil, nil, badField("policy.max_retries", "%d is outside 0..20", *pr.MaxRetries)
+	}
+	if pr.TimeoutS < 0 {
+		return nil, nil, badField("policy.timeout_s", "%v is negative", pr.TimeoutS)
+	}
+	if pr.MaxConcurrency < 0 {
+		return nil, nil, badField("policy.max_concurrency", "%d is negative", pr.MaxConcurrency)
+	}
+	var sampling agent.Sampling
+	if len(pr.Sampling) > 0 {
+		if err := decodeStrict(pr.Sampling, &sampling, "policy.sampling"); err != nil {
+			return nil, nil, err
+		}
+	}
+	if t := sampling.Temperature; t != nil && (*t < 0 || *t > 10) {
+		return nil, nil, badField("policy.sampling.temperature", "%v is outside 0..10", *t)
+	}
+	if p := sampling.TopP; p != nil && (*p <= 0 || *p > 1) {
+		return nil, nil, badField("policy.sampling.top_p", "%v is outside (0, 1]", *p)
+	}
+	if m := sampling.MaxTokens; m != nil && *m <= 0 {
+		return nil, nil, badField("policy.sampling.max_tokens", "%d is not positive", *m)
+	}
+	var ov Overrides
+	var limits agent.EpisodeLimits
+	if len(req.Overrides) > 0 {
+		if err := decodeStrict(req.Overrides, &ov, "overrides"); err != nil {
+			return nil, nil, err
+		}
+		if len(ov.Limits) > 0 {
+			if err := decodeStrict(ov.Limits, &limits, "overrides.limits"); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	tasks := make([]*agent.Task, len(req.Tasks))
+	seen := map[string]int{}
+	for i, raw := range req.Tasks {
+		field := fmt.Sprintf("tasks[%d]", i)
+		t, err := s.resolveTask(raw, field)
+		if err != nil {
+			return nil, nil, err
+		}
+		if limits != (agent.EpisodeLimits{}) {
+			cp := *t
+			applyLimits(&cp.Limits, limits)
+			if err := cp.Validate(s.opts.KnownTool); err != nil {
+				return nil, nil, taskError(err, field)
+			}
+			t = &cp
+		}
+		if j, dup := seen[t.ID]; dup {
+			return nil, nil, badField(field+".id", "task %q is also tasks[%d]; use group_size for repeats", t.ID, j)
+		}
+		seen[t.ID] = i
+		tasks[i] = t
+	}
+
+	id := NewID("r")
+	maxRetries := openai.DefaultMaxRetries
+	if pr.MaxRetries != nil {
+		maxRetries = *pr.MaxRetries
+		if maxRetries == 0 {
+			maxRetries = -1 // the client's "none"
+		}
+	}
+	ep := s.endpoints.get(pr.BaseURL)
+	pol, err := openai.New(openai.Config{BaseURL: pr.BaseURL, Model: pr.Model, MaxRetries: maxRetries,
+		Timeout: time.Duration(pr.TimeoutS * float64(time.Second)), HTTPClient: ep.client})
+	if err != nil {
+		return nil, nil, badField("policy", "%v", err)
+	}
+	samplingJSON, _ := json.Marshal(sampling)
+	rec := &rolloutRecord{ID: id, State: RolloutQueued, CreatedAt: time.Now().UTC(), GroupSize: req.GroupSize,
+		EpisodesTotal: len(tasks) * req.GroupSize, Backend: backend,
+		Policy: trajectory.Policy{Kind: "openai", Endpoint: pr.BaseURL, Model: pr.Model, Sampling: samplingJSON}}
+	r := newRollout(rec)
+	r.tasks, r.backend, r.policy, r.sampling, r.endpoint = tasks, backend, pol, sampling, ep
+	r.info = trajectory.Policy{Kind: "openai", Endpoint: pr.BaseURL, Model: pr.Model}
+	if pr.MaxConcurrency > 0 && pr.MaxConcurrency < s.limits.PolicyConcurrency {
+		r.sem = make(chan struct{}, pr.MaxConcurrency)
+	}
+	var jobs []*job
+	for ti, t := range tasks {
+		b, _ := json.Marshal(t)
+		rec.Tasks = append(rec.Tasks, b)
+		eb := t.Sandbox.Backend
+		if eb == "" {
+			eb = backend
+		}
+		spec := episodeSpec(t)
+		var pk string
+		if s.limits.WarmPool[eb] > 0 {
+			pk = poolKey(eb, spec)
+		}
+		for g := range req.GroupSize {
+			e := &episodeState{task: t, rec: &episodeRecord{
+				ID: fmt.Sprintf("%s.%s.%d", id, t.ID, g), Mode: "rollout", RolloutID: id, GroupID: id + "." + t.ID,
+				GroupIndex: g, TaskIndex: ti, TaskID: t.ID, State: episodeQueued}}
+			r.addEpisode(e)
+			jobs = append(jobs, &job{r: r, ep: e, backend: eb, spec: spec, poolKey: pk})
+		}
+	}
+	return r, jobs, nil
+}
+
+// applyLimits sets every non-zero field of o on l.
+func applyLimits(l *agent.EpisodeLimits, o agent.EpisodeLimits) {
+	if o.MaxTurns != 0 {
+		l.MaxTurns = o.MaxTurns
+	}
+	if o.MaxToolOutputBytes != 0 {
+		l.MaxToolOutputBytes = o.MaxToolOutputBytes
+	}
+	if o.MaxContextTokens != 0 {
+		l.MaxContextTokens = o.MaxContextTokens
+	}
+	if o.ContextOverflow != "" {
+		l.ContextOverflow = o.ContextOverflow
+	}
+	if o.EpisodeTimeoutS != 0 {
+		l.EpisodeTimeoutS = o.EpisodeTimeoutS
+	}
+	if o.IdleTimeoutS != 0 {
+		l.IdleTimeoutS = o.IdleTimeoutS
+	}
+	if o.MaxStoredOutputBytes != 0 {
+		l.MaxStoredOutputBytes = o.MaxStoredOutputBytes
+	}
+}
+
+// resolveTask reads one task: {"id": ID} of a task the service was started
+// with, or an inline task (validated like a task file's line). Inline tasks
+// may not name host paths (workspace, retriever).
+func (s *Server) resolveTask(raw json.RawMessage, field string) (*agent.Task, error) {
+	var probe map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &probe); err != nil {
+		return nil, badField(field, "want a task object, got %.60s", raw)
+	}
+	if idRaw, ok := probe["id"]; ok && len(probe) == 1 {
+		var id string
+		if err := json.Unmarshal(idRaw, &id); err != nil {
+			return nil, badField(field+".id", "want a string")
+		}
+		t := s.catalog[id]
+		if t == nil {
+			return nil, badField(field+".id", "no task %q is known to the service (known: %d tasks from --tasks); send the task inline", id, len(s.catalog))
+		}
+		return t, nil
+	}
+	if _, ok := probe["workspace"]; ok {
+		return nil, badField(field+".workspace", "host paths are not accepted over HTTP; send files or files_base64, or start the service with --tasks")
+	}
+	if _, ok := probe["retriever"]; ok {
+		return nil, badField(field+".retriever", "search tasks name a host index; start the service with --tasks and refer to them by id")
+	}
+	t, err := agent.ParseTask(raw, "", s.opts.KnownTool)
+	if err != nil {
+		return nil, taskError(err, field)
+	}
+	return t, nil
+}
+
+// submit admits a parsed rollout: indexed in the store, then queued.
+func (s *Server) submit(r *rollout, jobs []*job) error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return &apiError{Status: 503, Code: codeShuttingDown, Message: "the service is shutting down", RetryAfter: 5}
+	}
+	s.mu.Unlock()
+	r.ctx, r.cancel = context.WithCancelCause(s.ctx)
+	recs := make([]*episodeRecord, len(r.episodes))
+	for i, e := range r.episodes {
+		recs[i] = e.rec
+	}
+	// Admission first (cheap, in memory), so a full service writes nothing.
+	if err := s.sched.admit(r, jobs); err != nil {
+		var ae *apiError
+		if errors.As(err, &ae) && ae.Status == 429 {
+			s.metrics.Rejected.WithLabelValues("rollout").Inc()
+		}
+		return err
+	}
+	s.mu.Lock()
+	s.rollouts[r.id] = r
+	s.mu.Unlock()
+	r.mu.Lock()
+	err := s.st.createRollout(r.rec, recs)
+	r.mu.Unlock()
+	if err != nil {
+		s.cancelRollout(r, "the rollout could not be recorded: "+err.Error())
+		return err
+	}
+	s.metrics.Episodes.WithLabelValues("queued").Add(float64(len(jobs)))
+	s.metrics.Rollouts.WithLabelValues("submitted").Inc()
+	s.log.Info("rollout submitted", "rollout", r.id, "episodes", len(jobs), "tasks", len(r.tasks),
+		"group_size", r.rec.GroupSize, "policy", r.info.Endpoint, "model", r.info.Model)
+	return nil
+}
+
+// startJob runs a job the scheduler started.
+func (s *Server) startJob(j *job) {
+	s.metrics.Episodes.WithLabelValues("queued").Dec()
+	s.metrics.Episodes.WithLabelValues("running").Inc()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer s.sched.done(j)
+		r := j.r
+		r.mu.Lock()
+		r.running++
+		first := r.rec.State == RolloutQueued
+		if first {
+			r.rec.State = RolloutRunning
+		}
+		rec := *r.rec
+		r.mu.Unlock()
+		if first {
+			if err := s.st.putRollout(&rec); err != nil {
+				s.log.Error("store", "rollout", r.id, "err", err)
+			}
+		}
+		t, err := s.runEpisode(r.ctx, j)
+		s.metrics.Episodes.WithLabelValues("running").Dec()
+		r.mu.Lock()
+		r.running--
+		r.mu.Unlock()
+		if err != nil {
+			// The record could not be written: say so in the index; the
+			// episode is not silently dropped.
+			s.log.Error("episode record failed", "episode", j.ep.rec.ID, "err", err)
+			t = nil
+		}
+		s.endEpisode(r, j.ep, t, err)
+	}()
+}
+
+// runEpisode drives one rollout episode with the rollout's policy, retrying
+// a sandbox failure that happened before the policy was asked anything.
+func (s *Server) runEpisode(ctx context.Context, j *job) (*trajectory.Trajectory, error) {
+	r, e := j.r, j.ep
+	for attempt := 1; ; attempt++ {
+		track := &createTrack{}
+		cfg := agent.Config{
+			Task: e.task, EpisodeID: e.rec.ID, RolloutID: r.id, GroupID: e.rec.GroupID, GroupIndex: e.rec.GroupIndex,
+			Seed: int64(e.rec.GroupIndex), Dir: s.st.episodesDir, Backend: r.backend,
+			NewSandbox: s.sandboxes.factory(track), PolicyInfo: r.info, Sampling: r.sampling,
+			Observe: s.metrics.observer(j.backend),
+		}
+		if s.opts.ConfigureEpisode != nil {
+			if err := s.opts.ConfigureEpisode(&cfg); err != nil {
+				return nil, err
+			}
+		}
+		sess, err := agent.Open(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		if sess.Ended() {
+			t := sess.Trajectory()
+			if attempt < s.limits.InfraAttempts && ctx.Err() == nil && infraAtOpen(t, track.get()) {
+				if err := s.st.moveAttempt(e.rec.ID, attempt); err != nil {
+					return nil, err
+				}
+				s.metrics.InfraRetries.WithLabelValues(j.backend).Inc()
+				r.mu.Lock()
+				r.rec.InfraRetries++
+				r.mu.Unlock()
+				s.log.Warn("infrastructure failure before the first policy call; retrying", "episode", e.rec.ID,
+					"attempt", attempt, "reason", t.Termination.Message)
+				select {
+				case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
+				case <-ctx.Done():
+				}
+				continue
+			}
+			return t, nil
+		}
+		r.mu.Lock()
+		e.session = sess
+		r.mu.Unlock()
+		t, err := s.drive(ctx, sess, cfg, r, j.backend)
+		r.mu.Lock()
+		e.session = nil
+		r.mu.Unlock()
+		return t, err
+	}
+}
+
+// infraAtOpen reports whether an episode that ended while opening failed
+// for the infrastructure's sake: a sandbox error with no step recorded (so
+// the policy saw nothing), from a create error that may pass or from
+// seeding the files into a sandbox that was made.
+func infraAtOpen(t *trajectory.Trajectory, createErr error) bool {
+	if t == nil || t.Termination == nil || t.Termination.Reason != trajectory.EndSandboxError || len(t.Steps) > 0 {
+		return false
+	}
+	if createErr != nil {
+		return retryableCreate(createErr)
+	}
+	msg := t.Termination.Message
+	return len(msg) >= len("seed files: ") && msg[:len("seed files: ")] == "seed files: "
+}
+
+// drive is agent.Run's loop over an open session, with the policy gated by
+// the endpoint's and the rollout's concurrency caps.
+func (s *Server) drive(ctx context.Context, sess *agent.Session, cfg agent.Config, r *rollout, backend string) (*trajectory.Trajectory, error) {
+	t := cfg.Task
+	sampling := cfg.Sampling
+	if t.Seed != nil && sampling.Seed == nil {
+		sampling.Seed = t.Seed
+	}
+	deadline := time.Now().Add(time.Duration(t.Limits.EpisodeTimeoutS * float64(time.Second)))
+	pol := &gatedPolicy{inner: r.policy, ep: r.endpoint, rolloutSem: r.sem, metrics: s.metrics}
+	for !sess.Ended() {
+		pctx, cancel := context.WithDeadline(ctx, deadline)
+		turn, err := pol.Next(pctx, agent.Request{EpisodeID: cfg.EpisodeID, TaskID: t.ID, Turn: sess.Turn(),
+			Messages: sess.Messages(), Tools: sess.Tools(), Sampling: sampling})
+		cancel()
+		if err != nil {
+			if err := sess.EndPolicy(ctx, err); err != nil {
+				return nil, err
+			}
+			break
+		}
+		if _, _, err := sess.Step(ctx, turn); err != nil {
+			if sess.Ended() { // ended by the service meanwhile (shutdown)
+				break
+			}
+			return nil, err
+		}
+	}
+	return sess.Trajectory(), nil
+}
+
+// endEpisode records an episode's end: the index, the rollout's counts and
+// groups, metrics; the rollout's own end when it was the last.
+func (s *Server) endEpisode(r *rollout, e *episodeState, t *trajectory.Trajectory, recordErr error) {
+	now := time.Now().UTC()
+	r.mu.Lock()
+	rec := e.rec
+	rec.State, rec.EndedAt = episodeDone, &now
+	switch {
+	case t != nil && t.Termination != nil:
+		rec.Reason = t.Termination.Reason
+		if t.Reward != nil {
+			v := t.Reward.Total
+			rec.Reward = &v
+		}
+		if len(t.Stats.ToolErrors) > 0 {
+			rec.ToolErrors = copyCounts(t.Stats.ToolErrors)
+		}
+	default:
+		rec.Reason = trajectory.EndSandboxError
+		if recordErr != nil {
+			rec.Reason = "record_error"
+		}
+	}
+	s.metrics.EpisodesEnded.WithLabelValues("rollout", rec.Reason).Inc()
+	rolloutEnded := len(r.finished)+1 == len(r.episodes)
+	if rolloutEnded {
+		switch {
+		case r.rec.State == RolloutCancelled || r.rec.State == RolloutInterrupted:
+		default:
+			r.rec.State = RolloutDone
+		}
+		r.rec.EndedAt = &now
+		s.metrics.Rollouts.WithLabelValues(r.rec.State).Inc()
+	}
+	ended := r.endLocked(e)
+	recCopy := *rec
+	var rolloutRec *rolloutRecord
+	if ended {
+		cp := *r.rec
+		rolloutRec = &cp
+	}
+	r.mu.Unlock()
+	if err := s.st.putEpisode(&recCopy); err != nil {
+		s.log.Error("store", "episode", rec.ID, "err", err)
+	}
+	if rolloutRec != nil {
+		if err := s.st.putRollout(rolloutRec); err != nil {
+			s.log.Error("store", "rollout", r.id, "err", err)
+		}
+		st := r.status()
+		s.log.Info("rollout ended", "rollout", r.id, "state", rolloutRec.State, "episodes", st.EpisodesTotal,
+			"scored", st.Scored, "ends", st.Ends, "infra_retries", st.InfraRetries)
+		r.cancel(errors.New("the rollout ended"))
+	}
+}
+
+// cancelRollout stops a rollout: queued episodes end "cancelled" without
+// starting; running ones are cancelled (their sandboxes stopped) and end
+// "cancelled" as their loops notice. reason goes in the record.
+func (s *Server) cancelRollout(r *rollout, reason string) {
+	s.stopRollout(r, RolloutCancelled, trajectory.EndCancelled, reason)
+}
+
+func (s *Server) stopRollout(r *rollout, state, endReason, message string) {
+	r.mu.Lock()
+	if terminalState(r.rec.State) {
+		r.mu.Unlock()
+		return
+	}
+	r.rec.State, r.rec.Message = state, message
+	cp := *r.rec
+	var live []*agent.Session
+	for _, e := range r.episodes {
+		if e.session != nil {
+			live = append(live, e.session)
+		}
+	}
+	r.mu.Unlock()
+	if err := s.st.putRollout(&cp); err != nil {
+		s.log.Error("store", "rollout", r.id, "err", err)
+	}
+	jobs := s.sched.withdraw(r)
+	s.metrics.Episodes.WithLabelValues("queued").Sub(float64(len(jobs)))
+	// End the running ones with the right reason first, then cancel what
+	// they are doing (a tool in flight is killed, the policy call dropped).
+	var wg sync.WaitGroup
+	for _, sess := range live {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sess.Cancel(context.Background(), endReason, message)
+		}()
+	}
+	if r.cancel != nil {
+		r.cancel(errors.New(message))
+	}
+	wg.Wait()
+	for _, j := range jobs {
+		t, err := s.writeUnstarted(r, j.ep, endReason, message+" (before the episode started)")
+		s.endEpisode(r, j.ep, t, err)
+	}
+}
+
+// writeUnstarted records an episode that never started, ended for reason.
+func (s *Server) writeUnstarted(r *rollout, e *episodeState, reason, message string) (*trajectory.Trajectory, error) {
+	return writeUnstartedRecord(s.st.episodesDir, e.rec, e.task, r.backend, r.rec.Policy, reason, message)
+}
+
+func writeUnstartedRecord(dir string, rec *episodeRecord, task *agent.Task, backend string, pol trajectory.Policy, reason, message string) (*trajectory.Trajectory, error) {
+	taskJSON, _ := json.Marshal(task)
+	if task.Sandbox.Backend != "" {
+		backend = task.Sandbox.Backend
+	}
+	t := &trajectory.Trajectory{EpisodeID: rec.ID, RolloutID: rec.RolloutID, GroupID: rec.GroupID, GroupIndex: rec.GroupIndex,
+		TaskID: task.ID, TaskHash: task.Hash(), Seed: int64(rec.GroupIndex), Task: taskJSON, StartedAt: time.Now().UTC(),
+		Sandbox: trajectory.Sandbox{Backend: backend}, Policy: pol,
+		Pinned: map[string]string{"seed": fmt.Sprint(rec.GroupIndex), "episode_id": rec.ID}}
+	w, err := trajectory.NewWriter(dir, t)
+	if err != nil {
+		return nil, err
+	}
+	if err := w.End(&trajectory.Termination{Reason: reason, Message: message, Step: -1}, nil, trajectory.Stats{ToolErrors: map[string]int{}}); err != nil {
+		return nil, err
+	}
+	return w.Trajectory(), nil
+}
+
+// readEpisode reads a finished episode's record with its group statistics.
+func (s *Server) readEpisode(e *episodeState, stats *trajectory.GroupStats) (*trajectory.Trajectory, error) {
+	t, err := trajectory.Read(s.st.trajectoryPath(e.rec.ID))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("episode %s: its record is missing (%s)", e.rec.ID, e.rec.Reason)
+		}
+		return nil, err
+	}
+	t.Group = stats
+	return t, nil
+}
+
+// loadRollout rebuilds a rollout from the store (one this process did not
+// start, or that ended before a restart).
+func (s *Server) loadRollout(id string) (*rollout, error) {
+	rec, err := s.st.rollout(id)
+	if err != nil || rec == nil {
+		return nil, err
+	}
+	eps, err := s.st.rolloutEpisodes(id)
+	if err != nil {
+		return nil, err
+	}
+	r := newRollout(rec)
+	r.backend = rec.Backend
+	tasks := make([]*agent.Task, len(rec.Tasks))
+	for i, b := range rec.Tasks {
+		t := &agent.Task{}
+		if err := json.Unmarshal(b, t); err != nil {
+			return nil, fmt.Errorf("rollout %s task %d: %w", id, i, err)
+		}
+		tasks[i] = t
+	}
+	r.tasks = tasks
+	sort.Slice(eps, func(i, j int) bool {
+		if eps[i].TaskIndex != eps[j].TaskIndex {
+			return eps[i].TaskIndex < eps[j].TaskIndex
+		}
+		return eps[i].GroupIndex < eps[j].GroupIndex
+	})
+	for _, er := range eps {
+		var task *agent.Task
+		if er.TaskIndex < len(tasks) {
+			task = tasks[er.TaskIndex]
+		}
+		r.addEpisode(&episodeState{rec: er, task: task})
+	}
+	// Replay the ends in their order.
+	done := []*episodeState{}
+	for _, e := range r.episodes {
+		if e.rec.State == episodeDone {
+			done = append(done, e)
+		}
+	}
+	sort.SliceStable(done, func(i, j int) bool { return done[i].rec.Seq < done[j].rec.Seq })
+	r.mu.Lock()
+	for _, e := range done {
+		r.endLocked(e)
+	}
+	r.mu.Unlock()
+	return r, nil
+}
+
+// lookupRollout finds a rollout in memory or in the store.
+func (s *Server) lookupRollout(id string) (*rollout, error) {
+	s.mu.Lock()
+	r := s.rollouts[id]
+	s.mu.Unlock()
+	if r != nil {
+		return r, nil
+	}
+	r, err := s.loadRollout(id)
+	if err != nil {
+		return nil, err
+	}
+	if r == nil {
+		return nil, notFound("rollout", id)
+	}
+	s.mu.Lock()
+	if cur := s.rollouts[id]; cur != nil {
+		r = cur
+	} else {
+		s.rollouts[id] = r
+	}
+	s.mu.Unlock()
+	return r, nil
+}

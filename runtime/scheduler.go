@@ -1,0 +1,506 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rollbox/rollbox/agent"
+	"github.com/rollbox/rollbox/sandbox"
+)
+
+// Limits bound what the service takes on. Zero fields take the defaults.
+type Limits struct {
+	// MaxRunning bounds rollout episodes running at once (default 10000).
+	MaxRunning int
+	// MaxQueued bounds episodes admitted but not started; a rollout that
+	// would go past it is refused with 429 and Retry-After (default 100000).
+	MaxQueued int
+	// Backend bounds running episodes per sandbox backend (defaults: wasm
+	// MaxRunning, docker 256).
+	Backend map[string]int
+	// PolicyConcurrency bounds policy calls in flight per endpoint (base
+	// URL) across all rollouts (default 1024). A rollout may lower its own
+	// with policy.max_concurrency.
+	PolicyConcurrency int
+	// WarmPool is the most ready sandboxes kept per backend and spec; the
+	// pool is sized from the episodes waiting for that spec (defaults:
+	// docker 16, wasm 0: a WASM sandbox is made in microseconds).
+	WarmPool map[string]int
+	// InfraAttempts bounds the attempts of an episode whose sandbox failed
+	// before the policy was asked anything (default 3).
+	InfraAttempts int
+	// MaxEnvEpisodes bounds open environment-mode episodes (default 1024).
+	MaxEnvEpisodes int
+	// EnvIdleTimeout closes an environment-mode episode nobody touched for
+	// that long (default 10 minutes).
+	EnvIdleTimeout time.Duration
+	// MaxGroupSize bounds group_size (default 4096).
+	MaxGroupSize int
+}
+
+func (l Limits) withDefaults() Limits {
+	if l.MaxRunning <= 0 {
+		l.MaxRunning = 10000
+	}
+	if l.MaxQueued <= 0 {
+		l.MaxQueued = 100000
+	}
+	b := map[string]int{"wasm": l.MaxRunning, "docker": 256}
+	for k, v := range l.Backend {
+		b[k] = v
+	}
+	l.Backend = b
+	if l.PolicyConcurrency <= 0 {
+		l.PolicyConcurrency = 1024
+	}
+	w := map[string]int{"docker": 16}
+	for k, v := range l.WarmPool {
+		w[k] = v
+	}
+	l.WarmPool = w
+	if l.InfraAttempts <= 0 {
+		l.InfraAttempts = 3
+	}
+	if l.MaxEnvEpisodes <= 0 {
+		l.MaxEnvEpisodes = 1024
+	}
+	if l.EnvIdleTimeout <= 0 {
+		l.EnvIdleTimeout = 10 * time.Minute
+	}
+	if l.MaxGroupSize <= 0 {
+		l.MaxGroupSize = 4096
+	}
+	return l
+}
+
+// job is one queued rollout episode.
+type job struct {
+	r       *rollout
+	ep      *episodeState
+	backend string
+	spec    sandbox.Spec // the sandbox it will ask for, for warm-pool demand
+	poolKey string
+}
+
+// scheduler starts queued episodes: round-robin across rollouts (one
+// episode from each rollout with work in turn, so a big batch cannot starve
+// a small one), within the global and per-backend bounds. A rollout whose
+// next episode's backend is full is skipped this round, not waited on.
+type scheduler struct {
+	limits Limits
+	start  func(*job) // runs a started job in its own goroutine
+
+	mu             sync.Mutex
+	active         []*rollout // rollouts with queued jobs
+	next           int
+	queued         int
+	running        int
+	backendRunning map[string]int
+	demand         map[string]int // pool key → queued jobs
+	demandSpec     map[string]job // pool key → a job naming its backend and spec
+	demandDirty    bool
+	ended          []time.Time // recent completions, for Retry-After
+
+	wake     chan struct{}
+	sizeWake chan struct{}
+}
+
+func newScheduler(l Limits, start func(*job)) *scheduler {
+	return &scheduler{limits: l, start: start, backendRunning: map[string]int{}, demand: map[string]int{},
+		demandSpec: map[string]job{}, wake: make(chan struct{}, 1), sizeWake: make(chan struct{}, 1)}
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// admit queues a rollout's jobs, or refuses them when the service is full:
+// a 429 with a Retry-After estimated from the recent completion rate, or a
+// 413 when the rollout alone is larger than the service ever holds.
+func (sc *scheduler) admit(r *rollout, jobs []*job) error {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	n := len(jobs)
+	capacity := sc.limits.MaxRunning + sc.limits.MaxQueued
+	if n > capacity {
+		return &apiError{Status: http.StatusRequestEntityTooLarge, Code: codeTooLarge, Field: "tasks",
+			Message: fmt.Sprintf("%d episodes (tasks × group_size) is more than this service holds at once (%d); split the rollout", n, capacity)}
+	}
+	// What would wait after every free running slot is taken.
+	waiting := sc.queued + n - max(0, sc.limits.MaxRunning-sc.running)
+	if waiting > sc.limits.MaxQueued {
+		over := waiting - sc.limits.MaxQueued
+		return &apiError{Status: http.StatusTooManyRequests, Code: codeOverloaded, RetryAfter: sc.retryAfterLocked(over),
+			Message: fmt.Sprintf("the service is full: %d episodes running and %d queued (max queued %d); %d more would not fit",
+				sc.running, sc.queued, sc.limits.MaxQueued, over)}
+	}
+	r.queue = jobs
+	sc.active = append(sc.active, r)
+	sc.queued += n
+	for _, j := range jobs {
+		sc.addDemandLocked(j, 1)
+	}
+	signal(sc.wake)
+	return nil
+}
+
+// retryAfterLocked estimates the seconds until over episodes' worth of room
+// frees up, from completions in the last minute.
+func (sc *scheduler) retryAfterLocked(over int) int {
+	cut := time.Now().Add(-time.Minute)
+	i := 0
+	for i < len(sc.ended) && sc.ended[i].Before(cut) {
+		i++
+	}
+	sc.ended = sc.ended[i:]
+	if len(sc.ended) == 0 {
+		return 5
+	}
+	rate := float64(len(sc.ended)) / time.Since(sc.ended[0]).Seconds()
+	return int(min(300, max(1, math.Ceil(float64(over)/rate))))
+}
+
+func (sc *scheduler) addDemandLocked(j *job, d int) {
+	if j.poolKey == "" {
+		return
+	}
+	sc.demand[j.poolKey] += d
+	if _, ok := sc.demandSpec[j.poolKey]; !ok {
+		sc.demandSpec[j.poolKey] = job{backend: j.backend, spec: j.spec}
+	}
+	sc.demandDirty = true
+}
+
+// pick takes the next job to start, or nil.
+func (sc *scheduler) pick() *job {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if sc.running >= sc.limits.MaxRunning {
+		return nil
+	}
+	for i := range sc.active {
+		idx := (sc.next + i) % len(sc.active)
+		r := sc.active[idx]
+		j := r.queue[0]
+		if sc.backendRunning[j.backend] >= sc.limits.Backend[j.backend] && sc.limits.Backend[j.backend] > 0 {
+			continue
+		}
+		r.queue[0] = nil
+		r.queue = r.queue[1:]
+		if len(r.queue) == 0 {
+			sc.active = append(sc.active[:idx], sc.active[idx+1:]...)
+			sc.next = idx
+		} else {
+			sc.next = idx + 1
+		}
+		if len(sc.active) > 0 {
+			sc.next %= len(sc.active)
+		} else {
+			sc.next = 0
+		}
+		sc.queued--
+		sc.running++
+		sc.backendRunning[j.backend]++
+		sc.addDemandLocked(j, -1)
+		return j
+	}
+	return nil
+}
+
+// done releases a finished job's slots.
+func (sc *scheduler) done(j *job) {
+	sc.mu.Lock()
+	sc.running--
+	sc.backendRunning[j.backend]--
+	sc.ended = append(sc.ended, time.Now())
+	if len(sc.ended) > 100000 {
+		sc.ended = sc.ended[len(sc.ended)-50000:]
+	}
+	sc.mu.Unlock()
+	signal(sc.wake)
+}
+
+// withdraw removes a rollout's queued jobs (cancellation, shutdown) and
+// returns them.
+func (sc *scheduler) withdraw(r *rollout) []*job {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	jobs := r.queue
+	r.queue = nil
+	for i, a := range sc.active {
+		if a == r {
+			sc.active = append(sc.active[:i], sc.active[i+1:]...)
+			if sc.next > i {
+				sc.next--
+			}
+			if len(sc.active) > 0 {
+				sc.next %= len(sc.active)
+			} else {
+				sc.next = 0
+			}
+			break
+		}
+	}
+	sc.queued -= len(jobs)
+	for _, j := range jobs {
+		sc.addDemandLocked(j, -1)
+	}
+	signal(sc.sizeWake)
+	return jobs
+}
+
+func (sc *scheduler) counts() (queued, running int) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return sc.queued, sc.running
+}
+
+// run is the dispatcher: it starts whatever can start whenever something
+// changes, until ctx ends.
+func (sc *scheduler) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-sc.wake:
+		}
+		for {
+			j := sc.pick()
+			if j == nil {
+				break
+			}
+			sc.start(j)
+		}
+		signal(sc.sizeWake)
+	}
+}
+
+// sizePools keeps each warm pool as large as the episodes waiting for its
+// spec (capped per backend), until ctx ends. Shrinking closes sandboxes, so
+// this runs apart from the dispatcher.
+func (sc *scheduler) sizePools(ctx context.Context, sbx *sandboxes) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-sc.sizeWake:
+		}
+		sc.mu.Lock()
+		if !sc.demandDirty {
+			sc.mu.Unlock()
+			continue
+		}
+		sc.demandDirty = false
+		type want struct {
+			j job
+			n int
+		}
+		var wants []want
+		for k, n := range sc.demand {
+			wants = append(wants, want{sc.demandSpec[k], n})
+			if n == 0 {
+				delete(sc.demand, k)
+				delete(sc.demandSpec, k)
+			}
+		}
+		sc.mu.Unlock()
+		for _, w := range wants {
+			sbx.setDemand(ctx, w.j.backend, w.j.spec, w.n)
+		}
+	}
+}
+
+// episodeSpec is the sandbox an episode of t asks for, as agent.Open makes
+// it (less the per-episode labels), for pool keys.
+func episodeSpec(t *agent.Task) sandbox.Spec {
+	spec := t.SandboxSpec()
+	if _, set := spec.Env["PYTHONDONTWRITEBYTECODE"]; !set {
+		env := map[string]string{"PYTHONDONTWRITEBYTECODE": "1"}
+		for k, v := range spec.Env {
+			env[k] = v
+		}
+		spec.Env = env
+	}
+	spec.Labels = nil
+	return spec
+}
+
+// sandboxes makes the episodes' sandboxes: straight from the backend, or
+// through a warm pool per backend and spec where the backend has one.
+type sandboxes struct {
+	src     BackendSource
+	metrics *Metrics
+	warm    map[string]int
+
+	mu     sync.Mutex
+	pools  map[string]*sandbox.Pool // backend + "/" + spec key
+	closed bool
+}
+
+// BackendSource opens sandbox backends by name ("wasm", "docker"); the
+// service asks on every create, so it should cache them.
+type BackendSource interface {
+	Backend(ctx context.Context, name string) (sandbox.Backend, error)
+}
+
+// BackendFunc adapts a function to BackendSource.
+type BackendFunc func(ctx context.Context, name string) (sandbox.Backend, error)
+
+// Backend implements BackendSource.
+func (f BackendFunc) Backend(ctx context.Context, name string) (sandbox.Backend, error) {
+	return f(ctx, name)
+}
+
+func poolKey(backend string, spec sandbox.Spec) string {
+	spec.Labels = nil
+	return backend + "/" + spec.Key()
+}
+
+// pool returns the warm pool of backend and spec, or nil when the backend
+// keeps none.
+func (x *sandboxes) pool(backend string, be sandbox.Backend, spec sandbox.Spec) *sandbox.Pool {
+	if x.warm[backend] <= 0 {
+		return nil
+	}
+	key := poolKey(backend, spec)
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.closed {
+		return nil
+	}
+	p := x.pools[key]
+	if p == nil {
+		p = sandbox.NewPool(be, 0)
+		x.pools[key] = p
+	}
+	return p
+}
+
+// setDemand sizes the pool of backend and spec for n waiting episodes.
+func (x *sandboxes) setDemand(ctx context.Context, backend string, spec sandbox.Spec, n int) {
+	if x.warm[backend] <= 0 {
+		return
+	}
+	be, err := x.src.Backend(ctx, backend)
+	if err != nil {
+		return // the episodes will fail at create and say why
+	}
+	p := x.pool(backend, be, spec)
+	if p == nil {
+		return
+	}
+	size := min(n, x.warm[backend])
+	if size > 0 && p.Size() == 0 {
+		spec.Labels = nil
+		p.Warm(spec) // teach the pool the spec before sizing it
+	}
+	p.SetSize(size)
+}
+
+// createTrack remembers how an episode's sandbox creation went, to decide
+// whether a failure may be retried.
+type createTrack struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (t *createTrack) set(err error) {
+	t.mu.Lock()
+	t.err = err
+	t.mu.Unlock()
+}
+
+func (t *createTrack) get() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.err
+}
+
+func (x *sandboxes) factory(track *createTrack) agent.SandboxFactory {
+	return func(ctx context.Context, backend string, spec sandbox.Spec) (sandbox.Sandbox, error) {
+		be, err := x.src.Backend(ctx, backend)
+		if err != nil {
+			err = errors.Join(err, sandbox.ErrEngineUnavailable)
+			track.set(err)
+			x.metrics.SandboxFailures.WithLabelValues(backend).Inc()
+			return nil, err
+		}
+		start := time.Now()
+		source := "create"
+		var sb sandbox.Sandbox
+		if p := x.pool(backend, be, spec); p != nil {
+			source = "pool"
+			pspec := spec
+			pspec.Labels = nil // pooled sandboxes are made before their episode is known
+			sb, err = p.Get(ctx, pspec)
+		} else {
+			sb, err = be.Create(ctx, spec)
+		}
+		x.metrics.SandboxAcquire.WithLabelValues(backend, source).Observe(seconds(time.Since(start)))
+		if err != nil {
+			x.metrics.SandboxFailures.WithLabelValues(backend).Inc()
+			track.set(err)
+		}
+		return sb, err
+	}
+}
+
+// retryableCreate reports whether a sandbox creation error is the
+// infrastructure's and may pass (not a bad spec or a missing image).
+func retryableCreate(err error) bool {
+	if err == nil {
+		return true
+	}
+	if errors.Is(err, sandbox.ErrInvalidSpec) || errors.Is(err, sandbox.ErrImageNotFound) {
+		return false
+	}
+	return errors.Is(err, sandbox.ErrSandboxFailed) || errors.Is(err, sandbox.ErrEngineUnavailable) || errors.Is(err, sandbox.ErrClosed)
+}
+
+// poolStat sums a backend's warm pools.
+type poolStat struct {
+	Ready, Target        int
+	Hits, Misses, Errors int64
+}
+
+func (x *sandboxes) poolStats() map[string]poolStat {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	out := map[string]poolStat{}
+	for key, p := range x.pools {
+		backend, _, _ := strings.Cut(key, "/")
+		st := p.Stats()
+		agg := out[backend]
+		for _, n := range st.Ready {
+			agg.Ready += n
+		}
+		agg.Target += p.Size()
+		agg.Hits += st.Hits
+		agg.Misses += st.Misses
+		agg.Errors += st.CreateErrors
+		out[backend] = agg
+	}
+	return out
+}
+
+func (x *sandboxes) Close() error {
+	x.mu.Lock()
+	x.closed = true
+	pools := x.pools
+	x.pools = map[string]*sandbox.Pool{}
+	x.mu.Unlock()
+	var errs []error
+	for _, p := range pools {
+		errs = append(errs, p.Close())
+	}
+	return errors.Join(errs...)
+}
