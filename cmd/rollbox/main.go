@@ -57,6 +57,7 @@ func commands() map[string]command {
 		"gc":      {"remove the containers a crashed rollbox left behind", runGC},
 		"index":   {"build, inspect or query a search index (rollbox index build --corpus FILE --out DIR)", runIndex},
 		"run":     {"run every task of a task file (× group) and write trajectories", runRun},
+		"inspect": {"show a trajectory in the terminal, or serve a run's episodes as a web page (rollbox inspect FILE | --serve DIR)", runInspect},
 		"replay":  {"re-execute a trajectory's tool calls and show where the results diverge (rollbox replay FILE [--until N] [--shell])", runReplay},
 		"serve":   {"serve the rollout HTTP API (rollbox serve [--addr 127.0.0.1:7070] [--data DIR])", runServe},
 	}

@@ -1,0 +1,167 @@
+package inspect_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rollbox/rollbox/agent"
+	"github.com/rollbox/rollbox/agent/scripted"
+	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/sandbox"
+	"github.com/rollbox/rollbox/sandbox/wasm"
+)
+
+// The viewer is tested on a real run: the coding examples and a few tasks
+// that meet every kind of trouble (truncated output, a timeout, bad and
+// unknown tool calls, a policy that gives out), run on the WASM backend.
+const troubleTasks = `{"id": "noisy-logs", "prompt": "Find the error in the logs.", "sandbox": {"backend": "wasm", "limits": {"exec_timeout_s": 1}}, "tools": ["bash", "finish"], "reward": {"type": "exact", "answer": "disk full"}, "limits": {"max_tool_output_bytes": 400}}
+{"id": "gives-up", "prompt": "Count the lines of /work/data.txt.", "sandbox": {"backend": "wasm"}, "files": {"/work/data.txt": "a\nb\nc\n"}, "tools": ["bash", "finish"], "reward": {"type": "exact", "answer": "3"}}`
+
+type scriptedTurns map[string][]agent.Turn
+
+func call(name, args string) agent.Turn {
+	return agent.Turn{ToolCalls: []agent.ToolCall{{ID: "c-" + name, Name: name, Arguments: args}}}
+}
+
+var troubleTurns = scriptedTurns{
+	"noisy-logs": {
+		{Content: "Let me look at the logs.", ToolCalls: []agent.ToolCall{{ID: "c1", Name: "bash", Arguments: `{"command": "seq 1 3000 | sed 's/^/INFO request /'; echo 'ERROR disk full'"}`}}},
+		call("bash", `{"command": "sleep 5"}`),
+		call("bash", `{"cmd": "ls"}`),
+		call("grep", `{"pattern": "ERROR"}`),
+		call("finish", `{"answer": "disk full"}`),
+	},
+	"gives-up": {call("bash", `{"command": "wc -l < /work/data.txt"}`)},
+}
+
+type mixedPolicy struct {
+	script *scripted.Policy
+	turns  scriptedTurns
+}
+
+func (p mixedPolicy) Next(ctx context.Context, req agent.Request) (agent.Turn, error) {
+	if ts, ok := p.turns[req.TaskID]; ok {
+		if req.Turn >= len(ts) {
+			return agent.Turn{}, fmt.Errorf("the model server went away: %w", agent.ErrPolicy)
+		}
+		return ts[req.Turn], nil
+	}
+	return p.script.Next(ctx, req)
+}
+
+var (
+	runOnce sync.Once
+	runDir  string
+	runErr  error
+)
+
+// testRun is a run's out dir (episodes/ and summary.json), made once.
+func testRun(t *testing.T) string {
+	t.Helper()
+	runOnce.Do(func() { runDir, runErr = makeRun() })
+	if runErr != nil {
+		t.Fatal(runErr)
+	}
+	return runDir
+}
+
+func makeRun() (string, error) {
+	dir, err := os.MkdirTemp("", "rollbox-inspect-test-")
+	if err != nil {
+		return "", err
+	}
+	examples, err := agent.LoadTasks("../../examples/coding/tasks.jsonl", nil)
+	if err != nil {
+		return "", err
+	}
+	extra, err := agent.ReadTasks(strings.NewReader(troubleTasks), "", nil)
+	if err != nil {
+		return "", err
+	}
+	script, err := scripted.Load("../../examples/coding/policy.jsonl")
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	be, err := wasm.New(ctx, wasm.Options{})
+	if err != nil {
+		return "", err
+	}
+	defer be.Close()
+	const rollout = "r20260101T000000-viewer"
+	policy := mixedPolicy{script: script, turns: troubleTurns}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var trs []*trajectory.Trajectory
+	var firstErr error
+	for _, task := range append(examples, extra...) {
+		for i := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				tr, err := agent.Run(ctx, agent.Config{
+					Task: task, EpisodeID: fmt.Sprintf("%s.%s.%d", rollout, task.ID, i), RolloutID: rollout,
+					GroupID: rollout + "." + task.ID, GroupIndex: i, Seed: int64(i), Dir: filepath.Join(dir, "episodes"),
+					Backend: "wasm", Policy: policy, PolicyInfo: trajectory.Policy{Kind: "scripted", Endpoint: "examples/coding/policy.jsonl"},
+					NewSandbox: func(ctx context.Context, _ string, spec sandbox.Spec) (sandbox.Sandbox, error) { return be.Create(ctx, spec) },
+				})
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				trs = append(trs, tr)
+			}()
+		}
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return "", firstErr
+	}
+	sum := map[string]any{"schema": "rollbox.summary/v1", "rollout_id": rollout, "episodes": len(trs)}
+	var total float64
+	scored, passed := 0, 0
+	for _, tr := range trs {
+		if tr.Reward != nil {
+			scored++
+			total += tr.Reward.Total
+			if tr.Reward.Total >= 1 {
+				passed++
+			}
+		}
+	}
+	sum["reward_mean"], sum["pass_rate"] = total/float64(scored), float64(passed)/float64(scored)
+	b, _ := json.Marshal(sum)
+	return dir, os.WriteFile(filepath.Join(dir, "summary.json"), b, 0o644)
+}
+
+// readRun reads the run's trajectories by episode id.
+func readRun(t *testing.T, dir string) map[string]*trajectory.Trajectory {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(dir, "episodes", "*.json"))
+	out := map[string]*trajectory.Trajectory{}
+	for _, f := range files {
+		tr, err := trajectory.Read(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[tr.EpisodeID] = tr
+	}
+	return out
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if runDir != "" {
+		os.RemoveAll(runDir)
+	}
+	os.Exit(code)
+}

@@ -1,0 +1,381 @@
+// Package inspect shows trajectories to people: Render writes one as a
+// terminal view (turns, tool calls, outputs abbreviated, errors and
+// truncations highlighted, context events, the end and the reward), and
+// Server serves a run's episodes as a web page embedded in the binary, with
+// a small JSON API (rollbox inspect --serve).
+package inspect
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/sandbox"
+)
+
+// Options tune Render.
+type Options struct {
+	// Color adds ANSI colours (for a terminal).
+	Color bool
+	// Lines is how many lines of each output to show (head and tail); 0
+	// shows them all.
+	Lines int
+}
+
+const (
+	reset  = "\x1b[0m"
+	bold   = "\x1b[1m"
+	dim    = "\x1b[2m"
+	red    = "\x1b[31m"
+	green  = "\x1b[32m"
+	yellow = "\x1b[33m"
+	blue   = "\x1b[34m"
+	cyan   = "\x1b[36m"
+)
+
+type printer struct {
+	w    io.Writer
+	opts Options
+}
+
+func (p printer) c(code, s string) string {
+	if !p.opts.Color || s == "" {
+		return s
+	}
+	return code + s + reset
+}
+
+func (p printer) f(format string, args ...any) { fmt.Fprintf(p.w, format, args...) }
+
+// Render writes t as a terminal view.
+func Render(w io.Writer, t *trajectory.Trajectory, opts Options) {
+	p := printer{w, opts}
+	p.f("%s %s\n", p.c(bold, "episode"), p.c(bold, t.EpisodeID))
+	p.f("  task      %s · group %s #%d · seed %d\n", t.TaskID, t.GroupID, t.GroupIndex, t.Seed)
+	p.f("  sandbox   %s\n", sandboxLine(t.Sandbox))
+	pol := t.Policy.Kind
+	if t.Policy.Model != "" {
+		pol += " · model " + t.Policy.Model
+	}
+	if t.Policy.Endpoint != "" {
+		pol += " · " + t.Policy.Endpoint
+	}
+	p.f("  policy    %s\n", pol)
+	st := t.Stats
+	p.f("  ran       %s · %s · %d turns · %d tool calls · %s prompt + %s completion tokens\n",
+		t.StartedAt.UTC().Format("2006-01-02 15:04:05 UTC"), dur(st.DurationMS), st.Turns, st.ToolCalls,
+		count(st.PromptTokens), count(st.CompletionTokens))
+	if n := sumCounts(st.ToolErrors); n > 0 {
+		p.f("  errors    %s\n", p.c(red, countsLine(st.ToolErrors)))
+	}
+	if len(t.Pinned) > 0 {
+		var kv []string
+		for _, k := range slices.Sorted(maps.Keys(t.Pinned)) {
+			kv = append(kv, k+"="+t.Pinned[k])
+		}
+		p.f("  pinned    %s\n", p.c(dim, strings.Join(kv, " ")))
+	}
+
+	events := map[int][]trajectory.ContextEvent{}
+	for _, e := range t.ContextEvents {
+		events[e.Step] = append(events[e.Step], e)
+	}
+	for _, s := range t.Steps {
+		p.f("\n")
+		if s.Type == trajectory.StepModel {
+			p.model(s)
+		} else {
+			p.tool(s)
+		}
+		for _, e := range events[s.Index] {
+			p.event(e)
+		}
+	}
+	p.f("\n")
+	p.end(t)
+}
+
+func (p printer) model(s trajectory.Step) {
+	meta := []string{dur(s.DurationMS)}
+	if s.Usage != nil {
+		u := fmt.Sprintf("%s+%s tokens", count(s.Usage.PromptTokens), count(s.Usage.CompletionTokens))
+		if s.Usage.Estimated {
+			u += " (est.)"
+		}
+		meta = append(meta, u)
+	}
+	if s.FinishReason != "" {
+		meta = append(meta, s.FinishReason)
+	}
+	if s.Attempts > 1 {
+		meta = append(meta, p.c(yellow, fmt.Sprintf("%d attempts", s.Attempts)))
+	}
+	p.f("%s %s  %s\n", p.c(blue+bold, fmt.Sprintf("turn %d", s.Turn)), p.c(dim, fmt.Sprintf("#%d model", s.Index)), p.c(dim, strings.Join(meta, " · ")))
+	if c := strings.TrimSpace(s.Content); c != "" {
+		p.block(c, "  ", "")
+	}
+	for _, c := range s.ToolCalls {
+		p.f("  %s %s %s\n", p.c(cyan, "→"), p.c(bold, c.Name), oneLine(compact(c.Arguments), 160))
+	}
+	if s.ToolCallsFromText {
+		p.f("  %s\n", p.c(dim, "(tool calls parsed from the text)"))
+	}
+}
+
+func (p printer) tool(s trajectory.Step) {
+	status := p.c(green, "ok")
+	if s.ExitCode != nil {
+		status = fmt.Sprintf("exit %d", *s.ExitCode)
+		if *s.ExitCode == 0 {
+			status = p.c(green, status)
+		} else {
+			status = p.c(red, status)
+		}
+	}
+	var badges []string
+	if s.ErrorKind != nil {
+		code := red
+		if *s.ErrorKind == trajectory.ErrOutputTruncated {
+			code = yellow
+		}
+		badges = append(badges, p.c(code+bold, *s.ErrorKind))
+	}
+	if s.Truncated && (s.ErrorKind == nil || *s.ErrorKind != trajectory.ErrOutputTruncated) {
+		badges = append(badges, p.c(yellow+bold, "truncated"))
+	}
+	if s.BytesDropped > 0 {
+		badges = append(badges, p.c(yellow, fmt.Sprintf("%d bytes dropped", s.BytesDropped)))
+	}
+	if s.TimedOut {
+		badges = append(badges, p.c(red, "timed out"))
+	}
+	if s.OOMKilled {
+		badges = append(badges, p.c(red, "OOM-killed"))
+	}
+	if s.Signal != "" {
+		badges = append(badges, p.c(red, s.Signal))
+	}
+	p.f("  %s %s %s  %s %s  %s\n", p.c(dim, fmt.Sprintf("#%d", s.Index)), p.c(bold, s.Name), oneLine(compact(string(s.Arguments)), 120),
+		status, strings.Join(badges, " "), p.c(dim, dur(s.DurationMS)))
+	if s.Error != "" && (s.ErrorKind == nil || *s.ErrorKind != trajectory.ErrNonzeroExit) {
+		p.f("    %s %s\n", p.c(red, "error:"), s.Error)
+	}
+	for _, path := range slices.Sorted(maps.Keys(s.Files)) {
+		p.f("    %s %s %s\n", p.c(dim, "wrote"), path, p.c(dim, "sha256:"+s.Files[path][:min(12, len(s.Files[path]))]))
+	}
+	if s.Output != "" {
+		p.block(s.Output, "    ", "│ ")
+	}
+}
+
+func (p printer) event(e trajectory.ContextEvent) {
+	code := dim
+	switch e.Kind {
+	case "tool_output_truncated", "context_truncated", "pruned":
+		code = yellow
+	case "context_overflow", "prune_refused", "read_refused":
+		code = red
+	}
+	detail := e.Detail
+	if len(e.IDs) > 0 {
+		detail = strings.TrimSpace(detail + " [" + oneLine(strings.Join(e.IDs, ", "), 100) + "]")
+	}
+	p.f("    %s %s\n", p.c(code, "◆ "+e.Kind), p.c(dim, detail))
+}
+
+func (p printer) end(t *trajectory.Trajectory) {
+	if term := t.Termination; term != nil {
+		code := green
+		if !trajectory.Scored(term.Reason) {
+			code = red
+		} else if term.Reason != trajectory.EndFinished {
+			code = yellow
+		}
+		line := p.c(code+bold, term.Reason) + fmt.Sprintf(" at step %d", term.Step)
+		if term.Answer != nil {
+			line += fmt.Sprintf(" · answer %q", oneLine(*term.Answer, 100))
+		}
+		if len(term.IDs) > 0 {
+			line += " · ids " + oneLine(strings.Join(term.IDs, ", "), 100)
+		}
+		p.f("%s       %s\n", p.c(bold, "end"), line)
+		if term.Message != "" {
+			p.f("          %s\n", term.Message)
+		}
+	} else {
+		p.f("%s       %s\n", p.c(bold, "end"), p.c(yellow, "none recorded"))
+	}
+	r := t.Reward
+	if r == nil {
+		p.f("%s    %s\n", p.c(bold, "reward"), p.c(dim, "none (not scored)"))
+		return
+	}
+	code := green
+	if r.Total <= 0 {
+		code = red
+	} else if r.Total < 1 {
+		code = yellow
+	}
+	p.f("%s    %s  %s\n", p.c(bold, "reward"), p.c(code+bold, fmt.Sprintf("%.3f", r.Total)), bar(r.Total, 20))
+	for _, k := range slices.Sorted(maps.Keys(r.Components)) {
+		p.f("          %-22s %8.3f  %s\n", k, r.Components[k], p.c(dim, bar(r.Components[k], 20)))
+	}
+	for _, d := range r.Details {
+		p.f("          %s\n", p.c(dim, d))
+	}
+	if v := r.Verifier; v != nil {
+		status := fmt.Sprintf("exit %d", v.ExitCode)
+		if v.ExitCode == 0 {
+			status = p.c(green, status)
+		} else {
+			status = p.c(red, status)
+		}
+		if v.TimedOut {
+			status += " " + p.c(red, "timed out")
+		}
+		p.f("%s  %s → %s  %s\n", p.c(bold, "verifier"), v.Command, status, p.c(dim, dur(v.DurationMS)))
+		if len(v.Restored) > 0 {
+			p.f("          restored %s\n", strings.Join(v.Restored, ", "))
+		}
+		if len(v.Removed) > 0 {
+			p.f("          removed %s\n", p.c(yellow, strings.Join(v.Removed, ", ")))
+		}
+		var out strings.Builder
+		if v.Stdout != nil {
+			out.Write(*v.Stdout)
+		}
+		if v.Stderr != nil && len(*v.Stderr) > 0 {
+			if out.Len() > 0 && !strings.HasSuffix(out.String(), "\n") {
+				out.WriteByte('\n')
+			}
+			out.WriteString("[stderr]\n")
+			out.Write(*v.Stderr)
+		}
+		if out.Len() > 0 {
+			p.block(out.String(), "    ", "│ ")
+		}
+	}
+}
+
+// block writes text indented, abbreviated to its head and tail lines; a
+// line marking a truncation or a kill is always shown.
+func (p printer) block(text, indent, gutter string) {
+	lines := strings.Split(strings.TrimRight(text, "\n"), "\n")
+	keep := make([]bool, len(lines))
+	n := p.opts.Lines
+	for i, l := range lines {
+		keep[i] = n <= 0 || len(lines) <= n+1 || i < n-n/3 || i >= len(lines)-n/3 || marker(l)
+	}
+	for i := 0; i < len(lines); i++ {
+		if !keep[i] {
+			j := i
+			for j < len(lines) && !keep[j] {
+				j++
+			}
+			p.f("%s%s%s\n", indent, p.c(dim, gutter), p.c(dim+yellow, fmt.Sprintf("… %d more lines …", j-i)))
+			i = j - 1
+			continue
+		}
+		l := lines[i]
+		if marker(l) {
+			l = p.c(yellow, l)
+		}
+		p.f("%s%s%s\n", indent, p.c(dim, gutter), l)
+	}
+}
+
+// marker reports a line the runtime added to say output was cut or a
+// command was stopped.
+func marker(l string) bool {
+	return strings.HasPrefix(l, "[... output truncated") || strings.HasPrefix(l, "[timed out") ||
+		strings.HasPrefix(l, "[killed") || strings.HasPrefix(l, "[stopped")
+}
+
+func sandboxLine(s trajectory.Sandbox) string {
+	parts := []string{s.Backend}
+	if s.Image != "" {
+		parts = append(parts, "image "+s.Image)
+	}
+	if s.ImageDigest != "" {
+		parts = append(parts, s.ImageDigest[:min(len(s.ImageDigest), 19)])
+	}
+	if s.Runtime != "" {
+		parts = append(parts, "runtime "+s.Runtime)
+	}
+	if s.Network != "" {
+		parts = append(parts, "network "+s.Network)
+	}
+	var l sandbox.Limits
+	if len(s.Limits) > 0 && json.Unmarshal(s.Limits, &l) == nil {
+		parts = append(parts, fmt.Sprintf("cpus %g · %d MB · pids %d", l.CPUs, l.MemoryMB, l.PIDs))
+	}
+	if len(s.Loosened) > 0 {
+		parts = append(parts, "loosened: "+strings.Join(s.Loosened, ", "))
+	}
+	return strings.Join(parts, " · ")
+}
+
+func dur(ms float64) string {
+	switch {
+	case ms < 1:
+		return fmt.Sprintf("%.2fms", ms)
+	case ms < 1000:
+		return fmt.Sprintf("%.0fms", ms)
+	case ms < 60000:
+		return fmt.Sprintf("%.1fs", ms/1000)
+	default:
+		return fmt.Sprintf("%.1fmin", ms/60000)
+	}
+}
+
+func count(n int64) string {
+	if n >= 10000 {
+		return fmt.Sprintf("%.1fk", float64(n)/1000)
+	}
+	return fmt.Sprint(n)
+}
+
+func bar(v float64, width int) string {
+	v = max(0, min(1, v))
+	n := int(v*float64(width) + 0.5)
+	return strings.Repeat("█", n) + strings.Repeat("░", width-n)
+}
+
+func sumCounts(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+func countsLine(m map[string]int) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(parts, " · ")
+}
+
+// compact is JSON text without its indentation (as the model wrote it,
+// when it was compact), or the text as is.
+func compact(s string) string {
+	var b bytes.Buffer
+	if json.Compact(&b, []byte(s)) == nil {
+		return b.String()
+	}
+	return s
+}
+
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		return string(r[:n]) + "…"
+	}
+	return s
+}

@@ -1,0 +1,412 @@
+// Rollbox trajectory viewer: the episode list with filters, and one
+// episode's timeline and reward. Plain JavaScript, no dependencies: the page
+// is embedded in the rollbox binary and works offline.
+"use strict";
+
+const END_COLORS = {
+  finished: ["var(--ok)", "var(--ok-soft)"],
+  max_turns: ["var(--warn)", "var(--warn-soft)"],
+  context_overflow: ["var(--orange)", "var(--orange-soft)"],
+  episode_timeout: ["var(--warn)", "var(--warn-soft)"],
+  policy_error: ["var(--violet)", "var(--violet-soft)"],
+  sandbox_error: ["var(--bad)", "var(--bad-soft)"],
+  cancelled: ["var(--grey)", "var(--grey-soft)"],
+  interrupted: ["var(--grey)", "var(--grey-soft)"],
+  running: ["var(--accent)", "var(--accent-soft)"],
+};
+const ERROR_COLORS = {
+  bad_arguments: ["var(--orange)", "var(--orange-soft)"],
+  unknown_tool: ["var(--orange)", "var(--orange-soft)"],
+  timeout: ["var(--warn)", "var(--warn-soft)"],
+  nonzero_exit: ["var(--bad)", "var(--bad-soft)"],
+  oom: ["var(--violet)", "var(--violet-soft)"],
+  output_truncated: ["var(--yellow)", "var(--yellow-soft)"],
+  sandbox_error: ["var(--bad)", "var(--bad-soft)"],
+  policy_error: ["var(--violet)", "var(--violet-soft)"],
+};
+const EVENT_COLORS = {
+  tool_output_truncated: "var(--yellow)", context_truncated: "var(--yellow)", pruned: "var(--yellow)",
+  context_overflow: "var(--bad)", prune_refused: "var(--bad)", read_refused: "var(--bad)",
+};
+
+const state = { list: null, filters: { task: "", min: "", max: "", error: "", ends: new Set(), text: "" }, selected: null };
+
+// el builds an element: el("div", {class: "x", onclick: f}, child, "text", ...).
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else if (k === "style" && typeof v === "object") Object.assign(e.style, v);
+    else if (k.startsWith("--")) e.style.setProperty(k, v);
+    else e.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) {
+    if (c === undefined || c === null || c === false) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+function badge(text, colors, extra) {
+  const [c, s] = colors || ["var(--grey)", "var(--grey-soft)"];
+  return el("span", Object.assign({ class: "badge", "--c": c, "--s": s }, extra || {}), text);
+}
+function endBadge(reason) { return badge(reason.replace(/_/g, " "), END_COLORS[reason], { "data-end": reason }); }
+function errorBadge(kind, n) {
+  return el("span", { class: "badge", "--c": (ERROR_COLORS[kind] || [])[0], "--s": (ERROR_COLORS[kind] || [])[1], "data-error": kind },
+    kind.replace(/_/g, " "), n > 1 ? el("span", { class: "n" }, "×" + n) : null);
+}
+function rewardColor(v) { return v === null || v === undefined ? "var(--grey)" : v >= 1 ? "var(--ok)" : v > 0 ? "var(--warn)" : "var(--bad)"; }
+function bar(v, cls, color) {
+  const w = Math.max(0, Math.min(1, v || 0)) * 100;
+  return el("span", { class: "bar " + (cls || ""), "--c": color || rewardColor(v) }, el("i", { style: { width: w + "%" } }));
+}
+function fmtReward(v) { return v === null || v === undefined ? "—" : (Math.round(v * 1000) / 1000).toString(); }
+function fmtMS(ms) {
+  if (ms < 1) return ms.toFixed(2) + " ms";
+  if (ms < 1000) return Math.round(ms) + " ms";
+  if (ms < 60000) return (ms / 1000).toFixed(1) + " s";
+  return (ms / 60000).toFixed(1) + " min";
+}
+function lines(s) { return s ? s.replace(/\n$/, "").split("\n").length : 0; }
+function bytesText(b) { if (b === undefined || b === null) return ""; return typeof b === "string" ? b : "[binary, " + (b.base64 || "").length + " base64 chars]"; }
+function count(n, word) { return n + " " + word + (n === 1 ? "" : "s"); }
+
+async function getJSON(url) {
+  const r = await fetch(url, { cache: "no-store" });
+  const body = await r.json();
+  if (!r.ok) throw new Error((body.error && body.error.message) || r.statusText);
+  return body;
+}
+
+// ---- the list ----
+
+async function loadList() {
+  state.list = await getJSON("/api/episodes");
+  renderRun();
+  renderFilterOptions();
+  renderList();
+}
+
+function renderRun() {
+  const run = document.getElementById("run");
+  const l = state.list;
+  const r = l.run || {};
+  const scored = l.episodes.filter(e => e.reward !== null);
+  const mean = r.reward_mean !== undefined ? r.reward_mean : scored.length ? scored.reduce((a, e) => a + e.reward, 0) / scored.length : null;
+  run.replaceChildren(
+    r.rollout_id ? el("span", {}, "run ", el("b", { class: "mono" }, r.rollout_id)) : el("span", { class: "mono" }, l.dir),
+    el("span", {}, el("b", {}, l.total), " episodes"),
+    el("span", {}, "reward mean ", el("b", {}, fmtReward(mean))),
+    r.pass_rate !== undefined ? el("span", {}, "pass rate ", el("b", {}, fmtReward(r.pass_rate))) : null,
+    r.wall_time_s !== undefined ? el("span", {}, "wall time ", el("b", {}, r.wall_time_s.toFixed(1) + " s")) : null,
+  );
+  const sk = document.getElementById("skipped");
+  sk.replaceChildren(...l.skipped.map(s => el("div", {}, "skipped " + s.file + ": " + s.error)));
+}
+
+function renderFilterOptions() {
+  const es = state.list.episodes;
+  const tasks = {}, ends = {}, errs = {};
+  for (const e of es) {
+    tasks[e.task_id] = (tasks[e.task_id] || 0) + 1;
+    ends[e.end] = (ends[e.end] || 0) + 1;
+    for (const k of Object.keys(e.tool_errors || {})) errs[k] = (errs[k] || 0) + 1;
+  }
+  const task = document.getElementById("f-task");
+  const keepTask = state.filters.task;
+  task.replaceChildren(el("option", { value: "" }, "all tasks (" + Object.keys(tasks).length + ")"),
+    ...Object.keys(tasks).sort().map(t => el("option", { value: t, selected: t === keepTask }, t + " (" + tasks[t] + ")")));
+  const err = document.getElementById("f-error");
+  const keepErr = state.filters.error;
+  err.replaceChildren(el("option", { value: "" }, "any"),
+    el("option", { value: "none", selected: keepErr === "none" }, "none"),
+    ...Object.keys(errs).sort().map(k => el("option", { value: k, selected: k === keepErr }, k.replace(/_/g, " ") + " (" + errs[k] + ")")));
+  const chips = document.getElementById("f-end");
+  chips.replaceChildren(...Object.keys(ends).sort().map(reason => {
+    const [c] = END_COLORS[reason] || ["var(--grey)"];
+    return el("button", {
+      type: "button", class: "chip", "data-end": reason, "aria-pressed": state.filters.ends.has(reason) ? "true" : "false",
+      style: { color: c },
+      onclick: () => {
+        state.filters.ends.has(reason) ? state.filters.ends.delete(reason) : state.filters.ends.add(reason);
+        renderFilterOptions(); renderList(); saveHash();
+      },
+    }, reason.replace(/_/g, " "), el("span", { class: "n" }, ends[reason]));
+  }));
+}
+
+function matches(e) {
+  const f = state.filters;
+  if (f.task && e.task_id !== f.task) return false;
+  if (f.ends.size && !f.ends.has(e.end)) return false;
+  if (f.error === "none" && Object.keys(e.tool_errors || {}).length) return false;
+  if (f.error && f.error !== "none" && !(e.tool_errors || {})[f.error]) return false;
+  if (f.min !== "" && (e.reward === null || e.reward < parseFloat(f.min))) return false;
+  if (f.max !== "" && (e.reward === null || e.reward > parseFloat(f.max))) return false;
+  if (f.text) {
+    const t = f.text.toLowerCase();
+    if (!(e.id.toLowerCase().includes(t) || (e.end_message || "").toLowerCase().includes(t) || e.task_id.toLowerCase().includes(t))) return false;
+  }
+  return true;
+}
+
+function renderList() {
+  const shown = state.list.episodes.filter(matches);
+  document.getElementById("count").textContent = "showing " + shown.length + " of " + state.list.total;
+  const ol = document.getElementById("episodes");
+  ol.replaceChildren(...shown.map(e => {
+    const [c] = END_COLORS[e.end] || ["var(--grey)"];
+    const errs = Object.entries(e.tool_errors || {}).sort();
+    return el("li", {
+      class: "ep" + (e.id === state.selected ? " selected" : ""), "data-episode-id": e.id, "--c": c, tabindex: "0",
+      onclick: () => openEpisode(e.id), onkeydown: ev => { if (ev.key === "Enter") openEpisode(e.id); },
+    },
+      el("div", { class: "ep-task" }, e.task_id, el("span", { class: "muted" }, " #" + e.group_index)),
+      el("div", { class: "ep-reward", title: "reward" }, bar(e.reward), el("span", { class: "reward-value" }, fmtReward(e.reward))),
+      el("div", { class: "ep-id" }, e.id),
+      el("div", { class: "ep-meta" },
+        endBadge(e.end),
+        ...errs.map(([k, n]) => errorBadge(k, n)),
+        e.truncations ? badge("truncated ×" + e.truncations, ERROR_COLORS.output_truncated) : null,
+        el("span", { class: "muted" }, count(e.turns, "turn") + " · " + count(e.tool_calls, "call") + " · " + fmtMS(e.duration_ms))),
+    );
+  }));
+}
+
+function bindFilters() {
+  const f = state.filters;
+  const on = (id, key) => document.getElementById(id).addEventListener("input", ev => { f[key] = ev.target.value; renderList(); saveHash(); });
+  on("f-task", "task"); on("f-min", "min"); on("f-max", "max"); on("f-error", "error"); on("f-text", "text");
+  document.getElementById("f-clear").addEventListener("click", () => {
+    Object.assign(f, { task: "", min: "", max: "", error: "", text: "" }); f.ends.clear();
+    for (const id of ["f-min", "f-max", "f-text"]) document.getElementById(id).value = "";
+    renderFilterOptions(); renderList(); saveHash();
+  });
+}
+
+// ---- the URL: #/e/ID?task=...&end=a,b&error=...&min=&max= ----
+
+function saveHash() {
+  const f = state.filters, q = new URLSearchParams();
+  if (f.task) q.set("task", f.task);
+  if (f.ends.size) q.set("end", [...f.ends].join(","));
+  if (f.error) q.set("error", f.error);
+  if (f.min !== "") q.set("min", f.min);
+  if (f.max !== "") q.set("max", f.max);
+  const h = "#/" + (state.selected ? "e/" + encodeURIComponent(state.selected) : "") + (q.toString() ? "?" + q : "");
+  if (location.hash !== h) history.replaceState(null, "", h);
+}
+
+function readHash() {
+  const h = location.hash.replace(/^#\/?/, "");
+  const [path, query] = h.split("?");
+  const q = new URLSearchParams(query || "");
+  const f = state.filters;
+  f.task = q.get("task") || ""; f.error = q.get("error") || ""; f.min = q.get("min") || ""; f.max = q.get("max") || "";
+  f.ends = new Set((q.get("end") || "").split(",").filter(Boolean));
+  document.getElementById("f-min").value = f.min; document.getElementById("f-max").value = f.max;
+  return path.startsWith("e/") ? decodeURIComponent(path.slice(2)) : null;
+}
+
+// ---- one episode ----
+
+async function openEpisode(id) {
+  state.selected = id;
+  saveHash();
+  for (const li of document.querySelectorAll(".ep")) li.classList.toggle("selected", li.dataset.episodeId === id);
+  const detail = document.getElementById("detail");
+  detail.replaceChildren(el("div", { class: "empty" }, "loading " + id + " …"));
+  let t;
+  try {
+    t = await getJSON("/api/episodes/" + encodeURIComponent(id));
+  } catch (err) {
+    detail.replaceChildren(el("div", { class: "error-box" }, "Could not load " + id + ": " + err.message));
+    return;
+  }
+  if (state.selected !== id) return;
+  detail.replaceChildren(renderEpisode(t));
+  detail.scrollTop = 0;
+}
+
+function renderEpisode(t) {
+  const term = t.termination || { reason: "running", step: t.steps.length - 1 };
+  const reward = t.reward;
+  const sb = t.sandbox || {};
+  const st = t.stats || {};
+  const errs = Object.entries(st.tool_errors || {}).sort();
+  const root = el("article", { class: "episode", "data-episode-id": t.episode_id });
+
+  root.append(el("div", { class: "head" },
+    el("div", {},
+      el("h1", {}, t.task_id),
+      el("div", { class: "id" }, t.episode_id),
+      el("div", { class: "tags" }, endBadge(term.reason), ...errs.map(([k, n]) => errorBadge(k, n)),
+        badge(sb.backend || "?"), t.policy && t.policy.kind ? badge("policy " + t.policy.kind) : null)),
+    el("div", { class: "score", id: "reward" },
+      el("div", { class: "label" }, "reward"),
+      el("div", { class: "value", id: "reward-total", style: { color: rewardColor(reward ? reward.total : null) } }, reward ? fmtReward(reward.total) : "not scored"),
+      bar(reward ? reward.total : 0, "big"))));
+
+  const cards = el("div", { class: "cards" });
+  // The reward broken down.
+  const rc = el("section", { class: "card", id: "reward-card" }, el("h3", {}, "Reward"));
+  if (reward) {
+    const comps = Object.entries(reward.components || {}).sort();
+    for (const [k, v] of comps) {
+      rc.append(el("div", { class: "component", "data-name": k }, el("span", {}, k.replace(/_/g, " ")), el("span", { class: "v" }, fmtReward(v)), bar(v)));
+    }
+    if (!comps.length) rc.append(el("div", { class: "muted" }, "no components"));
+    if (reward.details && reward.details.length) rc.append(el("ul", { class: "details-list" }, ...reward.details.map(d => el("li", {}, d))));
+    const v = reward.verifier;
+    if (v) {
+      const out = bytesText(v.stdout) + (bytesText(v.stderr) ? (bytesText(v.stdout) ? "\n" : "") + "[stderr]\n" + bytesText(v.stderr) : "");
+      rc.append(el("div", { style: { marginTop: "10px" } },
+        el("div", { class: "tl-head" }, el("span", { class: "muted" }, "verifier"), el("code", {}, v.command),
+          badge("exit " + v.exit_code, v.exit_code === 0 ? END_COLORS.finished : ERROR_COLORS.nonzero_exit),
+          v.timed_out ? badge("timed out", ERROR_COLORS.timeout) : null, el("span", { class: "muted" }, fmtMS(v.duration_ms))),
+        v.removed && v.removed.length ? el("div", { class: "files" }, "removed before verifying: " + v.removed.join(", ")) : null,
+        v.restored && v.restored.length ? el("div", { class: "files" }, "restored: " + v.restored.join(", ")) : null,
+        out ? el("details", { class: "out" }, el("summary", {}, "verifier output (" + count(lines(out), "line") + ")"), el("pre", { class: "output" }, out)) : null));
+    }
+  } else {
+    rc.append(el("div", { class: "muted" }, "This episode was not scored: it ended " + term.reason.replace(/_/g, " ") + ", which is not the model's doing."));
+  }
+  cards.append(rc);
+
+  // How it ended.
+  cards.append(el("section", { class: "card", id: "end-card" }, el("h3", {}, "End"),
+    el("dl", { class: "kv" },
+      el("dt", {}, "reason"), el("dd", {}, endBadge(term.reason)),
+      term.message ? [el("dt", {}, "message"), el("dd", {}, term.message)] : null,
+      el("dt", {}, "at step"), el("dd", {}, String(term.step)),
+      term.answer !== undefined && term.answer !== null ? [el("dt", {}, "answer"), el("dd", {}, el("code", {}, term.answer))] : null,
+      term.ids && term.ids.length ? [el("dt", {}, "ids"), el("dd", {}, el("code", {}, term.ids.join(", ")))] : null,
+      el("dt", {}, "duration"), el("dd", {}, fmtMS(st.duration_ms || 0) + " (model " + fmtMS(st.policy_ms || 0) + ", tools " + fmtMS(st.tool_ms || 0) + ")"),
+      el("dt", {}, "tokens"), el("dd", {}, (st.prompt_tokens || 0) + " prompt · " + (st.completion_tokens || 0) + " completion"))));
+
+  // The sandbox as it ran.
+  let limits = "";
+  if (sb.limits) limits = "cpus " + sb.limits.cpus + " · " + sb.limits.memory_mb + " MB · pids " + sb.limits.pids + " · disk " + sb.limits.disk_mb + " MB";
+  cards.append(el("section", { class: "card" }, el("h3", {}, "Sandbox & policy"),
+    el("dl", { class: "kv" },
+      el("dt", {}, "backend"), el("dd", {}, sb.backend || "?"),
+      sb.image ? [el("dt", {}, "image"), el("dd", {}, sb.image)] : null,
+      sb.image_digest ? [el("dt", {}, "digest"), el("dd", { class: "mono" }, sb.image_digest.slice(0, 19))] : null,
+      sb.runtime ? [el("dt", {}, "runtime"), el("dd", {}, sb.runtime)] : null,
+      el("dt", {}, "network"), el("dd", {}, sb.network || "?"),
+      limits ? [el("dt", {}, "limits"), el("dd", {}, limits)] : null,
+      el("dt", {}, "policy"), el("dd", {}, [t.policy.kind, t.policy.model, t.policy.endpoint].filter(Boolean).join(" · ")),
+      el("dt", {}, "seed"), el("dd", {}, String(t.seed)),
+      el("dt", {}, "started"), el("dd", {}, new Date(t.started_at).toLocaleString()))));
+  root.append(cards);
+
+  root.append(el("h2", { class: "section" }, "Timeline · " + count(st.turns || 0, "turn") + " · " + count(st.tool_calls || 0, "tool call")));
+  root.append(renderTimeline(t));
+  return root;
+}
+
+function renderTimeline(t) {
+  const events = {};
+  for (const e of t.context_events || []) (events[e.step] = events[e.step] || []).push(e);
+  const maxTool = Math.max(1, ...t.steps.filter(s => s.type === "tool").map(s => s.duration_ms || 0));
+  const maxModel = Math.max(1, ...t.steps.filter(s => s.type === "model").map(s => s.duration_ms || 0));
+  const ol = el("ol", { class: "timeline", id: "timeline" });
+  for (const s of t.steps) {
+    ol.append(s.type === "model" ? modelItem(s, maxModel) : toolItem(s, maxTool));
+    for (const e of events[s.index] || []) ol.append(eventItem(e));
+  }
+  const term = t.termination;
+  if (term) {
+    const [c] = END_COLORS[term.reason] || ["var(--grey)"];
+    ol.append(el("li", { class: "tl end", "--c": c, "data-type": "end" }, el("span", { class: "dot" }),
+      el("div", { class: "tl-card", "--c": c }, el("div", { class: "tl-head" }, el("span", { class: "tl-title" }, "End"), endBadge(term.reason),
+        term.message ? el("span", { class: "muted" }, term.message) : null))));
+  }
+  return ol;
+}
+
+function timing(ms, max, color) {
+  return el("span", { class: "tl-time" }, bar(ms / max, "", color), fmtMS(ms || 0));
+}
+
+function modelItem(s, max) {
+  const u = s.usage;
+  return el("li", { class: "tl model", "--c": "var(--model)", "data-type": "model", "data-index": s.index }, el("span", { class: "dot" }),
+    el("div", { class: "tl-card" },
+      el("div", { class: "tl-head" }, el("span", { class: "tl-title" }, "Turn " + s.turn), el("span", { class: "muted" }, "model · step " + s.index),
+        u ? el("span", { class: "muted" }, u.prompt_tokens + "+" + u.completion_tokens + " tokens" + (u.estimated ? " (est.)" : "")) : null,
+        s.attempts > 1 ? badge(s.attempts + " attempts", ERROR_COLORS.timeout) : null,
+        timing(s.duration_ms, max, "var(--model)")),
+      s.content ? el("div", { class: "tl-text" }, s.content) : null,
+      s.tool_calls && s.tool_calls.length ? el("div", { class: "calls" }, ...s.tool_calls.map(c =>
+        el("span", { class: "call", title: c.arguments }, el("b", {}, c.name), " " + c.arguments))) : null));
+}
+
+function toolItem(s, max) {
+  const kind = s.error_kind;
+  let color = "var(--ok)";
+  if (kind) color = (ERROR_COLORS[kind] || ["var(--bad)"])[0];
+  const args = typeof s.arguments === "string" ? s.arguments : JSON.stringify(s.arguments);
+  const status = s.exit_code !== null && s.exit_code !== undefined
+    ? badge("exit " + s.exit_code, s.exit_code === 0 ? END_COLORS.finished : ERROR_COLORS.nonzero_exit)
+    : badge(s.ok === false ? "failed" : "ok", s.ok === false ? ERROR_COLORS.nonzero_exit : END_COLORS.finished);
+  const out = s.output || "";
+  const outLines = lines(out);
+  const last = out.replace(/\n$/, "").split("\n").slice(-1)[0] || "";
+  const pre = el("pre", { class: "output" });
+  // Highlight the marker where the output was cut for the model.
+  const m = out.match(/\n\[\.\.\. output truncated: \d+ bytes omitted \.\.\.\]\n/);
+  if (m) {
+    pre.append(out.slice(0, m.index), el("span", { class: "trunc" }, m[0]), out.slice(m.index + m[0].length));
+  } else {
+    pre.append(out);
+  }
+  const streams = [];
+  const so = bytesText(s.stdout), se = bytesText(s.stderr);
+  if (se && (s.stdout_stored_dropped || s.stderr_stored_dropped || s.truncated)) {
+    streams.push(el("details", { class: "out" }, el("summary", {}, "full stdout and stderr as stored"),
+      el("pre", { class: "output" }, so + (se ? "\n[stderr]\n" + se : ""))));
+  }
+  return el("li", { class: "tl tool" + (kind ? " has-error" : ""), "--c": color, "data-type": "tool", "data-index": s.index, "data-error": kind || "" },
+    el("span", { class: "dot" }),
+    el("div", { class: "tl-card", "--c": kind ? color : "var(--line)" },
+      el("div", { class: "tl-head" }, el("span", { class: "tl-title" }, s.name), el("span", { class: "tl-args", title: args }, args),
+        status, kind ? errorBadge(kind) : null, s.truncated && kind !== "output_truncated" ? badge("truncated", ERROR_COLORS.output_truncated) : null,
+        s.timed_out ? badge("timed out", ERROR_COLORS.timeout) : null, s.oom_killed ? badge("OOM", ERROR_COLORS.oom) : null,
+        timing(s.duration_ms, max, color)),
+      s.error && kind !== "nonzero_exit" ? el("div", { class: "tl-err" }, s.error) : null,
+      s.files ? el("div", { class: "files" }, ...Object.entries(s.files).map(([p, h]) => el("div", {}, "wrote " + p + "  sha256:" + h.slice(0, 12)))) : null,
+      out ? el("div", { class: "preview" }, last) : null,
+      out ? el("details", { class: "out" }, el("summary", {}, "output (" + count(outLines, "line") + ", " + out.length + " bytes" + (s.bytes_dropped ? ", " + s.bytes_dropped + " not shown to the model" : "") + ")"), pre) : null,
+      ...streams));
+}
+
+function eventItem(e) {
+  const c = EVENT_COLORS[e.kind] || "var(--ink-3)";
+  return el("li", { class: "tl event", "--c": c, "data-type": "event", "data-kind": e.kind }, el("span", { class: "dot" }),
+    el("div", { class: "tl-card" }, el("div", { class: "event-line", "--c": c }, el("b", {}, e.kind.replace(/_/g, " ")), " ",
+      e.detail || "", e.ids && e.ids.length ? el("span", { class: "muted" }, " [" + e.ids.join(", ") + "]") : null)));
+}
+
+// ---- start ----
+
+async function main() {
+  bindFilters();
+  const open = readHash();
+  try {
+    await loadList();
+  } catch (err) {
+    document.getElementById("detail").replaceChildren(el("div", { class: "error-box" }, "Could not load the episodes: " + err.message));
+    return;
+  }
+  document.body.dataset.ready = "true";
+  if (open) openEpisode(open);
+  window.addEventListener("hashchange", () => {
+    const id = readHash();
+    renderFilterOptions(); renderList();
+    if (id && id !== state.selected) openEpisode(id);
+  });
+}
+main();
