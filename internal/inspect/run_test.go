@@ -111,7 +111,9 @@ func makeRun() (string, error) {
 					Task: task, EpisodeID: fmt.Sprintf("%s.%s.%d", rollout, task.ID, i), RolloutID: rollout,
 					GroupID: rollout + "." + task.ID, GroupIndex: i, Seed: int64(i), Dir: filepath.Join(dir, "episodes"),
 					Backend: "wasm", Policy: policy, PolicyInfo: trajectory.Policy{Kind: "scripted", Endpoint: "examples/coding/policy.jsonl"},
-					NewSandbox: func(ctx context.Context, _ string, spec sandbox.Spec) (sandbox.Sandbox, error) { return be.Create(ctx, spec) },
+					NewSandbox: func(ctx context.Context, _ string, spec sandbox.Spec) (sandbox.Sandbox, error) {
+						return be.Create(ctx, spec)
+					},
 				})
 				mu.Lock()
 				defer mu.Unlock()
