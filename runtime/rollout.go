@@ -489,7 +489,14 @@ func (s *Server) startJob(j *job) {
 
 // runEpisode drives one rollout episode with the rollout's policy, retrying
 // a sandbox failure that happened before the policy was asked anything.
-func (s *Server) runEpisode(ctx context.Context, j *job) (*trajectory.Trajectory, error) {
+func (s *Server) runEpisode(ctx context.Context, j *job) (t *trajectory.Trajectory, err error) {
+	// A step that cannot be recorded panics in the session (the record is
+	// the product); here that fails the episode, not the service.
+	defer func() {
+		if p := recover(); p != nil {
+			t, err = nil, fmt.Errorf("episode %s: %v", j.ep.rec.ID, p)
+		}
+	}()
 	r, e := j.r, j.ep
 	for attempt := 1; ; attempt++ {
 		track := &createTrack{}

@@ -53,7 +53,7 @@ func wasmBackends(t testing.TB) runtime.BackendSource {
 }
 
 type service struct {
-	t    *testing.T
+	t    testing.TB
 	srv  *runtime.Server
 	http *httptest.Server
 	url  string
@@ -61,7 +61,7 @@ type service struct {
 	data string
 }
 
-func startService(t *testing.T, dataDir string, mutate ...func(*runtime.Options)) *service {
+func startService(t testing.TB, dataDir string, mutate ...func(*runtime.Options)) *service {
 	t.Helper()
 	if dataDir == "" {
 		dataDir = t.TempDir()
@@ -123,7 +123,7 @@ type apiErr struct {
 	}
 }
 
-func startPolicy(t *testing.T, cfg fakepolicy.Config) *fakepolicy.Server {
+func startPolicy(t testing.TB, cfg fakepolicy.Config) *fakepolicy.Server {
 	t.Helper()
 	p, err := fakepolicy.Start(cfg)
 	if err != nil {
@@ -216,7 +216,7 @@ func (s *service) episodes(id, query string) []*trajectory.Trajectory {
 	return readNDJSON(s.t, resp.Body)
 }
 
-func readNDJSON(t *testing.T, r io.Reader) []*trajectory.Trajectory {
+func readNDJSON(t testing.TB, r io.Reader) []*trajectory.Trajectory {
 	t.Helper()
 	var out []*trajectory.Trajectory
 	sc := bufio.NewScanner(r)
@@ -360,7 +360,7 @@ func TestAStreamReaderThatDisconnectsLosesNothing(t *testing.T) {
 
 // blockingPolicy answers the first turn at once and holds every later call
 // until release is closed (or the caller gives up).
-func blockingPolicy(t *testing.T) (*fakepolicy.Server, func()) {
+func blockingPolicy(t testing.TB) (*fakepolicy.Server, func()) {
 	release := make(chan struct{})
 	var once sync.Once
 	free := func() { once.Do(func() { close(release) }) }
@@ -1029,4 +1029,13 @@ func TestExportsRoundTripAsJSONLAndParquet(t *testing.T) {
 			t.Errorf("offline group stats of %s: %+v", tr.EpisodeID, tr.Group)
 		}
 	}
+}
+
+func percentilesOf(xs []float64) [2]float64 {
+	if len(xs) == 0 {
+		return [2]float64{}
+	}
+	sort.Float64s(xs)
+	at := func(q float64) float64 { return xs[min(len(xs)-1, int(math.Ceil(q*float64(len(xs))))-1)] }
+	return [2]float64{at(0.5), at(0.99)}
 }

@@ -60,6 +60,8 @@ func commands() map[string]command {
 		"inspect": {"show a trajectory in the terminal, or serve a run's episodes as a web page (rollbox inspect FILE | --serve DIR)", runInspect},
 		"replay":  {"re-execute a trajectory's tool calls and show where the results diverge (rollbox replay FILE [--until N] [--shell])", runReplay},
 		"serve":   {"serve the rollout HTTP API (rollbox serve [--addr 127.0.0.1:7070] [--data DIR])", runServe},
+		"export":  {"write trajectories as one JSONL or Parquet file (rollbox export --from DIR [--rollout ID] --format parquet --out FILE)", runExport},
+		"bench":   {"load-test the rollout service against a fake policy (rollbox bench --episodes N --turns M --latency D)", runBench},
 	}
 }
 

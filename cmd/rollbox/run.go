@@ -93,7 +93,7 @@ func runRun(ctx context.Context, env *cliEnv, args []string) error {
 		Tasks: tasks, Group: *group, Concurrency: *concurrency, OutDir: *out,
 		Backend: *backendName, NewSandbox: backends.create,
 		Policy: policy, PolicyInfo: info, Sampling: sampling, RolloutID: rolloutID,
-		OnEpisode: prog.episode, OnStep: prog.step, ConfigureEpisode: indexes.configure,
+		OnEpisode: prog.episode, OnStep: prog.step, ConfigureEpisode: prog.counting(indexes.configure),
 	})
 	prog.stop()
 	if sum != nil {
@@ -184,6 +184,8 @@ type progress struct {
 	start    time.Time
 	turns    atomic.Int64
 	tools    atomic.Int64
+	started  atomic.Int64 // episodes begun (running = started - done)
+	toolErrs atomic.Int64
 	mu       sync.Mutex
 	done     int
 	scored   int
@@ -228,9 +230,9 @@ func (p *progress) draw() {
 		mean = p.rewards / float64(p.scored)
 	}
 	el := time.Since(p.start).Seconds()
-	fmt.Fprintf(p.w, "\r[%s%s] %d/%d episodes  reward %.3f  turns %d  tools %d  %.1f turns/s  %.0fs ",
-		strings.Repeat("#", filled), strings.Repeat(".", width-filled), p.done, p.total, mean,
-		p.turns.Load(), p.tools.Load(), float64(p.turns.Load())/max(el, 0.001), el)
+	fmt.Fprintf(p.w, "\r[%s%s] %d/%d done  %d running  reward mean %.3f  %.1f turns/s  tool errors %d/%d  %.0fs ",
+		strings.Repeat("#", filled), strings.Repeat(".", width-filled), p.done, p.total, max(p.started.Load()-int64(p.done), 0),
+		mean, float64(p.turns.Load())/max(el, 0.001), p.toolErrs.Load(), p.tools.Load(), el)
 }
 
 func (p *progress) step(s trajectory.Step) {
@@ -238,6 +240,18 @@ func (p *progress) step(s trajectory.Step) {
 		p.turns.Add(1)
 	} else {
 		p.tools.Add(1)
+		if s.ErrorKind != nil {
+			p.toolErrs.Add(1)
+		}
+	}
+}
+
+// counting wraps runtime.BatchConfig.ConfigureEpisode to count episodes
+// as they begin, for the running count of the summary line.
+func (p *progress) counting(configure func(*agent.Config) error) func(*agent.Config) error {
+	return func(c *agent.Config) error {
+		p.started.Add(1)
+		return configure(c)
 	}
 }
 
