@@ -14,8 +14,10 @@ import (
 	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/agent/scripted"
 	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/retriever"
 	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/sandbox/wasm"
+	"github.com/rollbox/rollbox/tools"
 )
 
 // The viewer is tested on a real run: the coding examples and a few tasks
@@ -42,8 +44,8 @@ var troubleTurns = scriptedTurns{
 }
 
 type mixedPolicy struct {
-	script *scripted.Policy
-	turns  scriptedTurns
+	script, search *scripted.Policy
+	turns          scriptedTurns
 }
 
 func (p mixedPolicy) Next(ctx context.Context, req agent.Request) (agent.Turn, error) {
@@ -52,6 +54,9 @@ func (p mixedPolicy) Next(ctx context.Context, req agent.Request) (agent.Turn, e
 			return agent.Turn{}, fmt.Errorf("the model server went away: %w", agent.ErrPolicy)
 		}
 		return ts[req.Turn], nil
+	}
+	if p.search.Has(req.TaskID) {
+		return p.search.Next(ctx, req)
 	}
 	return p.script.Next(ctx, req)
 }
@@ -89,6 +94,21 @@ func makeRun() (string, error) {
 	if err != nil {
 		return "", err
 	}
+	// Two search episodes: rewards with several components, context events.
+	search, err := agent.LoadTasks("../../examples/search/tasks.jsonl", nil)
+	if err != nil {
+		return "", err
+	}
+	search = search[:1]
+	searchScript, err := scripted.Load("../../examples/search/policy.jsonl")
+	if err != nil {
+		return "", err
+	}
+	ix, err := retriever.Open(search[0].IndexPath(), retriever.OpenOptions{})
+	if err != nil {
+		return "", err
+	}
+	defer ix.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	be, err := wasm.New(ctx, wasm.Options{})
@@ -97,24 +117,33 @@ func makeRun() (string, error) {
 	}
 	defer be.Close()
 	const rollout = "r20260101T000000-viewer"
-	policy := mixedPolicy{script: script, turns: troubleTurns}
+	policy := mixedPolicy{script: script, search: searchScript, turns: troubleTurns}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var trs []*trajectory.Trajectory
 	var firstErr error
-	for _, task := range append(examples, extra...) {
+	for _, task := range append(append(examples, extra...), search...) {
 		for i := range 2 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				tr, err := agent.Run(ctx, agent.Config{
+				cfg := agent.Config{
 					Task: task, EpisodeID: fmt.Sprintf("%s.%s.%d", rollout, task.ID, i), RolloutID: rollout,
 					GroupID: rollout + "." + task.ID, GroupIndex: i, Seed: int64(i), Dir: filepath.Join(dir, "episodes"),
 					Backend: "wasm", Policy: policy, PolicyInfo: trajectory.Policy{Kind: "scripted", Endpoint: "examples/coding/policy.jsonl"},
 					NewSandbox: func(ctx context.Context, _ string, spec sandbox.Spec) (sandbox.Sandbox, error) {
 						return be.Create(ctx, spec)
 					},
-				})
+				}
+				if task.Retriever != nil {
+					cfg.PolicyInfo.Endpoint = "examples/search/policy.jsonl"
+					cfg.ExtraTools = tools.SearchTools(ix, tools.SearchOptions{MaxDocBytes: task.Limits.MaxToolOutputBytes})
+					cfg.ToolEnv = func(env *tools.Env) error {
+						tools.WithLedger(env, retriever.NewLedger(task.ContextTokens()))
+						return nil
+					}
+				}
+				tr, err := agent.Run(ctx, cfg)
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil && firstErr == nil {

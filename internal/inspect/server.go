@@ -129,7 +129,7 @@ func apiError(w http.ResponseWriter, status int, code, msg string) {
 }
 
 // Load reads every trajectory of the directory (again where a file
-// changed) and returns the list, newest first.
+// changed) and returns the list by task, then group and place in it.
 func (s *Server) Load() (*List, error) {
 	files, err := filepath.Glob(filepath.Join(s.dir, "*.json"))
 	if err != nil {
@@ -172,8 +172,14 @@ func (s *Server) Load() (*List, error) {
 	}
 	sort.SliceStable(out.Episodes, func(i, j int) bool {
 		a, b := out.Episodes[i], out.Episodes[j]
-		if !a.StartedAt.Equal(b.StartedAt) {
-			return a.StartedAt.After(b.StartedAt)
+		if a.TaskID != b.TaskID {
+			return a.TaskID < b.TaskID
+		}
+		if a.GroupID != b.GroupID {
+			return a.StartedAt.Before(b.StartedAt)
+		}
+		if a.GroupIndex != b.GroupIndex {
+			return a.GroupIndex < b.GroupIndex
 		}
 		return a.ID < b.ID
 	})

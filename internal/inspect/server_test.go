@@ -18,7 +18,7 @@ import (
 
 func TestTheRunHasEveryKindOfTroubleTheViewerShows(t *testing.T) {
 	trs := readRun(t, testRun(t))
-	if len(trs) != 16 {
+	if len(trs) != 18 {
 		t.Fatalf("%d episodes", len(trs))
 	}
 	kinds, ends := map[string]bool{}, map[string]bool{}
@@ -66,7 +66,7 @@ func TestTheAPIListsAndFiltersEpisodesAndServesEachOne(t *testing.T) {
 	defer ts.Close()
 
 	all := getList(t, ts.URL, "")
-	if all.Total != 16 || len(all.Episodes) != 16 || !strings.Contains(string(all.Run), `"rollout_id"`) {
+	if all.Total != 18 || len(all.Episodes) != 18 || !strings.Contains(string(all.Run), `"rollout_id"`) {
 		t.Fatalf("list: total %d, %d episodes, run %s", all.Total, len(all.Episodes), all.Run)
 	}
 	tests := []struct {

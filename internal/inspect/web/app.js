@@ -95,13 +95,13 @@ function renderRun() {
   const r = l.run || {};
   const scored = l.episodes.filter(e => e.reward !== null);
   const mean = r.reward_mean !== undefined ? r.reward_mean : scored.length ? scored.reduce((a, e) => a + e.reward, 0) / scored.length : null;
-  run.replaceChildren(
+  run.replaceChildren(...[
     r.rollout_id ? el("span", {}, "run ", el("b", { class: "mono" }, r.rollout_id)) : el("span", { class: "mono" }, l.dir),
     el("span", {}, el("b", {}, l.total), " episodes"),
     el("span", {}, "reward mean ", el("b", {}, fmtReward(mean))),
     r.pass_rate !== undefined ? el("span", {}, "pass rate ", el("b", {}, fmtReward(r.pass_rate))) : null,
     r.wall_time_s !== undefined ? el("span", {}, "wall time ", el("b", {}, r.wall_time_s.toFixed(1) + " s")) : null,
-  );
+  ].filter(Boolean));
   const sk = document.getElementById("skipped");
   sk.replaceChildren(...l.skipped.map(s => el("div", {}, "skipped " + s.file + ": " + s.error)));
 }
@@ -169,7 +169,7 @@ function renderList() {
       el("div", { class: "ep-meta" },
         endBadge(e.end),
         ...errs.map(([k, n]) => errorBadge(k, n)),
-        e.truncations ? badge("truncated ×" + e.truncations, ERROR_COLORS.output_truncated) : null,
+        e.truncations && !(e.tool_errors || {}).output_truncated ? badge("truncated ×" + e.truncations, ERROR_COLORS.output_truncated) : null,
         el("span", { class: "muted" }, count(e.turns, "turn") + " · " + count(e.tool_calls, "call") + " · " + fmtMS(e.duration_ms))),
     );
   }));
@@ -215,7 +215,10 @@ function readHash() {
 async function openEpisode(id) {
   state.selected = id;
   saveHash();
-  for (const li of document.querySelectorAll(".ep")) li.classList.toggle("selected", li.dataset.episodeId === id);
+  for (const li of document.querySelectorAll(".ep")) {
+    li.classList.toggle("selected", li.dataset.episodeId === id);
+    if (li.dataset.episodeId === id) li.scrollIntoView({ block: "nearest" });
+  }
   const detail = document.getElementById("detail");
   detail.replaceChildren(el("div", { class: "empty" }, "loading " + id + " …"));
   let t;
