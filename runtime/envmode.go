@@ -129,7 +129,7 @@ func (s *Server) postEpisode(w http.ResponseWriter, r *http.Request) error {
 	for attempt := 1; ; attempt++ {
 		track := &createTrack{}
 		cfg := agent.Config{Task: task, EpisodeID: id, Seed: req.Seed, Dir: s.st.episodesDir, Backend: backend,
-			NewSandbox: s.sandboxes.factory(track), PolicyInfo: trajectory.Policy{Kind: "env"},
+			NewSandbox: s.sandboxes.factory(track, ""), PolicyInfo: trajectory.Policy{Kind: "env"},
 			Observe: s.metrics.observer(backend)}
 		if s.opts.ConfigureEpisode != nil {
 			if err := s.opts.ConfigureEpisode(&cfg); err != nil {

@@ -339,17 +339,16 @@ func (s *Server) parseRollout(body []byte) (*rollout, []*job, error) {
 		if eb == "" {
 			eb = backend
 		}
-		spec := episodeSpec(t)
 		var pk string
 		if s.limits.WarmPool[eb] > 0 {
-			pk = poolKey(eb, spec)
+			pk = demandKey(eb, t)
 		}
 		for g := range req.GroupSize {
 			e := &episodeState{task: t, rec: &episodeRecord{
 				ID: fmt.Sprintf("%s.%s.%d", id, t.ID, g), Mode: "rollout", RolloutID: id, GroupID: id + "." + t.ID,
 				GroupIndex: g, TaskIndex: ti, TaskID: t.ID, State: episodeQueued}}
 			r.addEpisode(e)
-			jobs = append(jobs, &job{r: r, ep: e, backend: eb, spec: spec, poolKey: pk})
+			jobs = append(jobs, &job{r: r, ep: e, backend: eb, poolKey: pk})
 		}
 	}
 	return r, jobs, nil
@@ -503,7 +502,7 @@ func (s *Server) runEpisode(ctx context.Context, j *job) (t *trajectory.Trajecto
 		cfg := agent.Config{
 			Task: e.task, EpisodeID: e.rec.ID, RolloutID: r.id, GroupID: e.rec.GroupID, GroupIndex: e.rec.GroupIndex,
 			Seed: int64(e.rec.GroupIndex), Dir: s.st.episodesDir, Backend: r.backend,
-			NewSandbox: s.sandboxes.factory(track), PolicyInfo: r.info, Sampling: r.sampling,
+			NewSandbox: s.sandboxes.factory(track, j.poolKey), PolicyInfo: r.info, Sampling: r.sampling,
 			Observe: s.metrics.observer(j.backend),
 		}
 		if s.opts.ConfigureEpisode != nil {

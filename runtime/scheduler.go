@@ -84,7 +84,8 @@ type job struct {
 	r       *rollout
 	ep      *episodeState
 	backend string
-	spec    sandbox.Spec // the sandbox it will ask for, for warm-pool demand
+	// poolKey names the sandbox it will ask for (backend and the task's
+	// sandbox spec), for warm-pool demand; "" without a warm pool.
 	poolKey string
 }
 
@@ -175,7 +176,7 @@ func (sc *scheduler) addDemandLocked(j *job, d int) {
 	}
 	sc.demand[j.poolKey] += d
 	if _, ok := sc.demandSpec[j.poolKey]; !ok {
-		sc.demandSpec[j.poolKey] = job{backend: j.backend, spec: j.spec}
+		sc.demandSpec[j.poolKey] = job{backend: j.backend, poolKey: j.poolKey}
 	}
 	sc.demandDirty = true
 }
@@ -258,6 +259,14 @@ func (sc *scheduler) withdraw(r *rollout) []*job {
 	return jobs
 }
 
+// resize asks the pool sizer to look at the demand again.
+func (sc *scheduler) resize() {
+	sc.mu.Lock()
+	sc.demandDirty = true
+	sc.mu.Unlock()
+	signal(sc.sizeWake)
+}
+
 func (sc *scheduler) counts() (queued, running int) {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
@@ -314,24 +323,14 @@ func (sc *scheduler) sizePools(ctx context.Context, sbx *sandboxes) {
 		}
 		sc.mu.Unlock()
 		for _, w := range wants {
-			sbx.setDemand(ctx, w.j.backend, w.j.spec, w.n)
+			sbx.setDemand(ctx, w.j.backend, w.j.poolKey, w.n)
 		}
 	}
 }
 
-// episodeSpec is the sandbox an episode of t asks for, as agent.Open makes
-// it (less the per-episode labels), for pool keys.
-func episodeSpec(t *agent.Task) sandbox.Spec {
-	spec := t.SandboxSpec()
-	if _, set := spec.Env["PYTHONDONTWRITEBYTECODE"]; !set {
-		env := map[string]string{"PYTHONDONTWRITEBYTECODE": "1"}
-		for k, v := range spec.Env {
-			env[k] = v
-		}
-		spec.Env = env
-	}
-	spec.Labels = nil
-	return spec
+// demandKey names the sandbox an episode of t on backend will ask for.
+func demandKey(backend string, t *agent.Task) string {
+	return backend + "/" + t.SandboxSpec().Key()
 }
 
 // sandboxes makes the episodes' sandboxes: straight from the backend, or
@@ -341,9 +340,15 @@ type sandboxes struct {
 	metrics *Metrics
 	warm    map[string]int
 
-	mu     sync.Mutex
-	pools  map[string]*sandbox.Pool // backend + "/" + spec key
-	closed bool
+	mu    sync.Mutex
+	pools map[string]*sandbox.Pool // backend + "/" + spec key
+	// learned maps a demand key to the spec its episodes really asked for
+	// (agent.Open adds to the task's), once one of them has started.
+	learned map[string]sandbox.Spec
+	// onLearn is called when a demand key's spec is first learned (the
+	// scheduler resizes the pools then).
+	onLearn func()
+	closed  bool
 }
 
 // BackendSource opens sandbox backends by name ("wasm", "docker"); the
@@ -385,9 +390,16 @@ func (x *sandboxes) pool(backend string, be sandbox.Backend, spec sandbox.Spec) 
 	return p
 }
 
-// setDemand sizes the pool of backend and spec for n waiting episodes.
-func (x *sandboxes) setDemand(ctx context.Context, backend string, spec sandbox.Spec, n int) {
+// setDemand sizes the pool of a demand key for n waiting episodes. A spec
+// is warmed once an episode of it has started and shown the spec it asks for.
+func (x *sandboxes) setDemand(ctx context.Context, backend, key string, n int) {
 	if x.warm[backend] <= 0 {
+		return
+	}
+	x.mu.Lock()
+	spec, ok := x.learned[key]
+	x.mu.Unlock()
+	if !ok {
 		return
 	}
 	be, err := x.src.Backend(ctx, backend)
@@ -425,7 +437,9 @@ func (t *createTrack) get() error {
 	return t.err
 }
 
-func (x *sandboxes) factory(track *createTrack) agent.SandboxFactory {
+// factory makes an episode's sandboxes; key is the episode's demand key
+// ("" when it has none).
+func (x *sandboxes) factory(track *createTrack, key string) agent.SandboxFactory {
 	return func(ctx context.Context, backend string, spec sandbox.Spec) (sandbox.Sandbox, error) {
 		be, err := x.src.Backend(ctx, backend)
 		if err != nil {
@@ -441,6 +455,18 @@ func (x *sandboxes) factory(track *createTrack) agent.SandboxFactory {
 			source = "pool"
 			pspec := spec
 			pspec.Labels = nil // pooled sandboxes are made before their episode is known
+			if key != "" {
+				x.mu.Lock()
+				if x.learned == nil {
+					x.learned = map[string]sandbox.Spec{}
+				}
+				_, known := x.learned[key]
+				x.learned[key] = pspec
+				x.mu.Unlock()
+				if !known && x.onLearn != nil {
+					x.onLearn()
+				}
+			}
 			sb, err = p.Get(ctx, pspec)
 		} else {
 			sb, err = be.Create(ctx, spec)

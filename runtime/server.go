@@ -129,6 +129,7 @@ func Open(opts Options) (*Server, *Recovery, error) {
 		return nil, nil, fmt.Errorf("recovering %s: %w", opts.DataDir, err)
 	}
 	s.sched = newScheduler(s.limits, s.startJob)
+	s.sandboxes.onLearn = s.sched.resize
 	s.bg.Add(3)
 	go func() { defer s.bg.Done(); s.sched.run(s.ctx) }()
 	go func() { defer s.bg.Done(); s.sched.sizePools(s.ctx, s.sandboxes) }()
