@@ -236,6 +236,7 @@ type RolloutBenchResult struct {
 	TurnsPerS           float64        `json:"turns_per_s"`
 	PeakRunning         int            `json:"peak_running"`
 	TurnOverheadMS      Percentiles    `json:"turn_overhead_ms"`
+	LastTurnMS          Percentiles    `json:"last_turn_overhead_ms"`
 	PolicyCallOverMS    Percentiles    `json:"policy_call_overhead_ms"`
 	BetweenCallsMS      Percentiles    `json:"between_calls_ms"`
 	ToolMS              Percentiles    `json:"tool_ms"`
@@ -333,7 +334,7 @@ func benchRollout(ctx context.Context, env *cliEnv, base string, pol *fakepolicy
 
 	res := &RolloutBenchResult{Backend: c.backend, Episodes: c.episodes, Ends: map[string]int{}, TurnsPerEpisode: c.turns,
 		PolicyLatencyMS: float64(c.latency) / float64(time.Millisecond)}
-	var overhead, callOver, between, toolMS []float64
+	var overhead, callOver, between, toolMS, lastTurn []float64
 	req, _ := http.NewRequestWithContext(ctx, "GET", base+"/v1/rollouts/"+created.ID+"/episodes?stream=1", nil)
 	sresp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -373,6 +374,10 @@ func benchRollout(ctx context.Context, env *cliEnv, base string, pol *fakepolicy
 				end = *e.EndedAt
 			}
 			wall := float64(end.Sub(s.StartedAt)) / float64(time.Millisecond)
+			if k+1 == len(models) { // finish: the reward and the sandbox's removal are in this turn
+				lastTurn = append(lastTurn, wall-lat)
+				continue
+			}
 			overhead = append(overhead, wall-lat)
 			callOver = append(callOver, s.DurationMS-lat)
 			between = append(between, wall-s.DurationMS)
@@ -390,8 +395,8 @@ func benchRollout(ctx context.Context, env *cliEnv, base string, pol *fakepolicy
 	stopWatch()
 	res.PeakRunning = int(peak.Load())
 	res.TurnsPerS = float64(turnsDone) / res.WallS
-	res.TurnOverheadMS, res.PolicyCallOverMS, res.BetweenCallsMS, res.ToolMS =
-		percentiles(overhead), percentiles(callOver), percentiles(between), percentiles(toolMS)
+	res.TurnOverheadMS, res.PolicyCallOverMS, res.BetweenCallsMS, res.ToolMS, res.LastTurnMS =
+		percentiles(overhead), percentiles(callOver), percentiles(between), percentiles(toolMS), percentiles(lastTurn)
 	if svc != nil {
 		res.ServicePeakRSS = svc.peakRSS()
 		res.ServiceCPUS = svc.cpuSeconds()
@@ -407,10 +412,11 @@ func benchRollout(ctx context.Context, env *cliEnv, base string, pol *fakepolicy
 	fmt.Fprintf(w, "  completed           %d/%d  ends %s\n", res.Completed, c.episodes, fmtCounts(res.Ends))
 	fmt.Fprintf(w, "  wall                %.1f s  (%.0f turns/s; ideal %.1f s at this latency)\n", res.WallS, res.TurnsPerS, float64(c.turns)*c.latency.Seconds())
 	fmt.Fprintf(w, "  peak running        %d episodes at once (polled)\n", res.PeakRunning)
-	fmt.Fprintf(w, "  turn overhead       %s   (turn wall time − policy latency)\n", res.TurnOverheadMS)
+	fmt.Fprintf(w, "  turn overhead       %s   (turn wall time − policy latency; turns before the last)\n", res.TurnOverheadMS)
 	fmt.Fprintf(w, "    policy call       %s   (call wall time − latency: HTTP, JSON, queueing for a slot excluded)\n", res.PolicyCallOverMS)
 	fmt.Fprintf(w, "    between calls     %s   (tool, record, waiting for a policy slot)\n", res.BetweenCallsMS)
 	fmt.Fprintf(w, "    tool (bash true)  %s\n", res.ToolMS)
+	fmt.Fprintf(w, "  last turn overhead  %s   (finish: reward, record, sandbox removal)\n", res.LastTurnMS)
 	fmt.Fprintf(w, "  service CPU         %.1f s, %.3f ms a turn (user+system, the whole run)\n", res.ServiceCPUS, res.ServiceCPUPerTurnMS)
 	fmt.Fprintf(w, "  service peak RSS    %.1f MiB (VmHWM)\n", float64(res.ServicePeakRSS)/(1<<20))
 	fmt.Fprintf(w, "  bench peak RSS      %.1f MiB (fake policy + client)\n", float64(res.BenchPeakRSS)/(1<<20))
