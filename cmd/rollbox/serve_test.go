@@ -1,0 +1,189 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rollbox/rollbox/internal/fakepolicy"
+	"github.com/rollbox/rollbox/runtime"
+	"github.com/rollbox/rollbox/sandbox"
+	"github.com/rollbox/rollbox/sandbox/wasm"
+)
+
+func TestServeExportAndBenchRefuseBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"serve", "--backend", "vm"},
+		{"serve", "--max-running", "0"},
+		{"serve", "--log-level", "loud"},
+		{"serve", "--tasks", "/no/such/file.jsonl"},
+		{"serve", "extra"},
+		{"export"},
+		{"export", "--from", t.TempDir(), "--format", "csv"},
+		{"export", "--from", t.TempDir(), "--format", "parquet"},
+		{"bench", "--mode", "fast"},
+		{"bench", "--episodes", "15", "--group", "10"},
+		{"bench", "--mode", "env-step", "--backend", "wasm"},
+	} {
+		if code, _, stderr := rollbox(t, args...); code != exitBadInput {
+			t.Errorf("rollbox %v: exit %d, want 2 (%s)", args, code, stderr)
+		}
+	}
+}
+
+// lineWriter hands written lines to a reader (dropping them when it lags).
+type lineWriter struct{ lines chan string }
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	for _, l := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
+		select {
+		case w.lines <- l:
+		default:
+		}
+	}
+	return len(p), nil
+}
+
+var listenRe = regexp.MustCompile(`listening on (http://\S+)`)
+
+// serve runs `rollbox serve` until the returned stop is called.
+func serve(t *testing.T, args ...string) (url string, stop func() int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	lw := &lineWriter{lines: make(chan string, 1000)}
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, &cliEnv{stdin: strings.NewReader(""), stdout: io.Discard, stderr: lw}, append([]string{"serve", "--addr", "127.0.0.1:0"}, args...))
+	}()
+	deadline := time.After(60 * time.Second)
+	for url == "" {
+		select {
+		case l := <-lw.lines:
+			if m := listenRe.FindStringSubmatch(l); m != nil {
+				url = m[1]
+			}
+		case code := <-done:
+			t.Fatalf("rollbox serve exited %d before listening", code)
+		case <-deadline:
+			t.Fatal("rollbox serve did not listen in 60s")
+		}
+	}
+	return url, func() int {
+		cancel()
+		select {
+		case code := <-done:
+			return code
+		case <-time.After(30 * time.Second):
+			t.Fatal("rollbox serve did not stop")
+			return -1
+		}
+	}
+}
+
+func TestServeRunsARolloutAndKeepsItAcrossARestart(t *testing.T) {
+	t.Setenv("ROLLBOX_OWNER", "rollbox-serve-test") // serve would set it for the process otherwise
+	dir := t.TempDir()
+	tasks := filepath.Join(dir, "tasks.jsonl")
+	os.WriteFile(tasks, []byte(`{"id": "say-done", "prompt": "Say done.", "tools": ["bash", "finish"], "reward": {"type": "exact", "answer": "done"}}`+"\n"), 0o644)
+	data := filepath.Join(dir, "data")
+	p, err := fakepolicy.Start(fakepolicy.Config{Responder: fakepolicy.BashThenFinish(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+
+	url, stop := serve(t, "--data", data, "--tasks", tasks)
+	body, _ := json.Marshal(map[string]any{"tasks": []any{map[string]any{"id": "say-done"}}, "group_size": 3,
+		"policy": map[string]any{"base_url": p.URL(), "model": "fake-model"}})
+	resp, err := http.Post(url+"/v1/rollouts", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var created struct{ ID string }
+	json.NewDecoder(resp.Body).Decode(&created)
+	resp.Body.Close()
+	if resp.StatusCode != 201 || created.ID == "" {
+		t.Fatalf("POST /v1/rollouts: %s", resp.Status)
+	}
+	resp, err = http.Get(url + "/v1/rollouts/" + created.ID + "/episodes?stream=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for sc := bufio.NewScanner(resp.Body); sc.Scan(); n++ {
+		var e struct {
+			Reward *struct{ Total float64 }
+			Group  *struct {
+				ZeroVariance bool `json:"zero_variance"`
+			} `json:"group"`
+		}
+		json.Unmarshal(sc.Bytes(), &e)
+		if e.Reward == nil || e.Reward.Total != 1 || e.Group == nil || !e.Group.ZeroVariance {
+			t.Errorf("episode line %.200s", sc.Text()[strings.Index(sc.Text(), `"termination"`):])
+		}
+	}
+	resp.Body.Close()
+	if n != 3 {
+		t.Fatalf("streamed %d episodes", n)
+	}
+	if code := stop(); code != 0 {
+		t.Fatalf("serve exited %d after the signal", code)
+	}
+
+	// A new process on the same data directory has it all.
+	url, stop = serve(t, "--data", data)
+	defer stop()
+	var st runtime.RolloutStatus
+	resp, err = http.Get(url + "/v1/rollouts/" + created.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	json.NewDecoder(resp.Body).Decode(&st)
+	resp.Body.Close()
+	if st.State != runtime.RolloutDone || st.EpisodesDone != 3 || st.Ends["finished"] != 3 {
+		t.Errorf("after the restart: %+v", st)
+	}
+
+	// rollbox export reads the same files.
+	out := filepath.Join(dir, "out.parquet")
+	if code, _, stderr := rollbox(t, "export", "--from", data, "--rollout", created.ID, "--format", "parquet", "--out", out); code != 0 {
+		t.Fatalf("export: %d %s", code, stderr)
+	}
+	b, _ := os.ReadFile(out)
+	rows, err := runtime.ReadParquet(bytes.NewReader(b), int64(len(b)))
+	if err != nil || len(rows) != 3 || rows[0].TaskID != "say-done" || rows[0].ZeroVariance == nil || !*rows[0].ZeroVariance {
+		t.Errorf("exported rows: %d %v", len(rows), err)
+	}
+}
+
+func TestBenchAgainstARunningService(t *testing.T) {
+	be, err := wasm.New(context.Background(), wasm.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	srv, _, err := runtime.Open(runtime.Options{DataDir: t.TempDir(),
+		Backends: runtime.BackendFunc(func(context.Context, string) (sandbox.Backend, error) { return be, nil })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	defer hs.CloseClientConnections()
+	code, out, stderr := rollbox(t, "bench", "--url", hs.URL, "--episodes", "20", "--group", "10", "--turns", "3", "--latency", "5ms",
+		"--json", filepath.Join(t.TempDir(), "bench.json"))
+	if code != 0 || !strings.Contains(out, "completed           20/20") || !strings.Contains(out, "turn overhead") {
+		t.Fatalf("bench: exit %d\n%s\n%s", code, out, stderr)
+	}
+}
