@@ -245,7 +245,7 @@ func TestTheViewerInHeadlessChromium(t *testing.T) {
 	// components, context events) in the list of the whole run.
 	shot := os.Getenv("ROLLBOX_VIEWER_EPISODE")
 	for id, x := range trs {
-		if shot == "" && x.TaskID == "std-func-Accept" && strings.HasSuffix(id, ".1") {
+		if shot == "" && x.TaskID == "compressors" && strings.HasSuffix(id, ".1") {
 			shot = id
 		}
 	}

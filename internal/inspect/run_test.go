@@ -26,6 +26,15 @@ import (
 const troubleTasks = `{"id": "noisy-logs", "prompt": "Find the error in the logs.", "sandbox": {"backend": "wasm", "limits": {"exec_timeout_s": 1}}, "tools": ["bash", "finish"], "reward": {"type": "exact", "answer": "disk full"}, "limits": {"max_tool_output_bytes": 400}}
 {"id": "gives-up", "prompt": "Count the lines of /work/data.txt.", "sandbox": {"backend": "wasm"}, "files": {"/work/data.txt": "a\nb\nc\n"}, "tools": ["bash", "finish"], "reward": {"type": "exact", "answer": "3"}}`
 
+// searchCorpus and searchTask make a small retrieval task.
+const searchCorpus = `{"id": "compress/gzip", "title": "compress/gzip", "text": "Package gzip implements reading and writing of gzip format compressed files, as specified in RFC 1952."}
+{"id": "compress/zlib", "title": "compress/zlib", "text": "Package zlib implements reading and writing of zlib format compressed data, as specified in RFC 1950."}
+{"id": "compress/flate", "title": "compress/flate", "text": "Package flate implements the DEFLATE compressed data format, described in RFC 1951."}
+{"id": "archive/zip", "title": "archive/zip", "text": "Package zip provides support for reading and writing ZIP archives, whose entries may be compressed."}
+{"id": "net/http", "title": "net/http", "text": "Package http provides HTTP client and server implementations."}`
+
+const searchTask = `{"id": "compressors", "prompt": "Which Go packages implement a compressed data format? Finish with their ids.", "retriever": {"index": "index", "context_tokens": 400}, "reward": {"type": "fbeta", "beta": 4, "relevant": ["compress/gzip", "compress/zlib", "compress/flate"], "trajectory_recall_weight": 0.2, "prune_penalty": 0.05}}`
+
 type scriptedTurns map[string][]agent.Turn
 
 func call(name, args string) agent.Turn {
@@ -41,11 +50,17 @@ var troubleTurns = scriptedTurns{
 		call("finish", `{"answer": "disk full"}`),
 	},
 	"gives-up": {call("bash", `{"command": "wc -l < /work/data.txt"}`)},
+	"compressors": {
+		{Content: "Search the package docs.", ToolCalls: []agent.ToolCall{{ID: "s1", Name: "search", Arguments: `{"query": "compressed data format", "k": 4}`}}},
+		{ToolCalls: []agent.ToolCall{{ID: "r1", Name: "read", Arguments: `{"id": "compress/gzip"}`}, {ID: "r2", Name: "read", Arguments: `{"id": "archive/zip"}`}}},
+		{Content: "zip is an archive, not a format; drop it.", ToolCalls: []agent.ToolCall{{ID: "p1", Name: "prune", Arguments: `{"ids": ["archive/zip"]}`}}},
+		call("finish", `{"ids": ["compress/gzip", "compress/zlib"]}`),
+	},
 }
 
 type mixedPolicy struct {
-	script, search *scripted.Policy
-	turns          scriptedTurns
+	script *scripted.Policy
+	turns  scriptedTurns
 }
 
 func (p mixedPolicy) Next(ctx context.Context, req agent.Request) (agent.Turn, error) {
@@ -54,9 +69,6 @@ func (p mixedPolicy) Next(ctx context.Context, req agent.Request) (agent.Turn, e
 			return agent.Turn{}, fmt.Errorf("the model server went away: %w", agent.ErrPolicy)
 		}
 		return ts[req.Turn], nil
-	}
-	if p.search.Has(req.TaskID) {
-		return p.search.Next(ctx, req)
 	}
 	return p.script.Next(ctx, req)
 }
@@ -95,20 +107,19 @@ func makeRun() (string, error) {
 		return "", err
 	}
 	// Two search episodes: rewards with several components, context events.
-	search, err := agent.LoadTasks("../../examples/search/tasks.jsonl", nil)
-	if err != nil {
+	ctxb := context.Background()
+	if _, err := retriever.Build(ctxb, filepath.Join(dir, "index"), strings.NewReader(searchCorpus), retriever.BuildOptions{}); err != nil {
 		return "", err
 	}
-	search = search[:1]
-	searchScript, err := scripted.Load("../../examples/search/policy.jsonl")
-	if err != nil {
-		return "", err
-	}
-	ix, err := retriever.Open(search[0].IndexPath(), retriever.OpenOptions{})
+	ix, err := retriever.Open(filepath.Join(dir, "index"), retriever.OpenOptions{})
 	if err != nil {
 		return "", err
 	}
 	defer ix.Close()
+	search, err := agent.ReadTasks(strings.NewReader(searchTask), filepath.Join(dir, "tasks.jsonl"), nil)
+	if err != nil {
+		return "", err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	be, err := wasm.New(ctx, wasm.Options{})
@@ -117,7 +128,7 @@ func makeRun() (string, error) {
 	}
 	defer be.Close()
 	const rollout = "r20260101T000000-viewer"
-	policy := mixedPolicy{script: script, search: searchScript, turns: troubleTurns}
+	policy := mixedPolicy{script: script, turns: troubleTurns}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var trs []*trajectory.Trajectory
@@ -135,8 +146,10 @@ func makeRun() (string, error) {
 						return be.Create(ctx, spec)
 					},
 				}
+				if !script.Has(task.ID) {
+					cfg.PolicyInfo.Endpoint = "internal/inspect test turns"
+				}
 				if task.Retriever != nil {
-					cfg.PolicyInfo.Endpoint = "examples/search/policy.jsonl"
 					cfg.ExtraTools = tools.SearchTools(ix, tools.SearchOptions{MaxDocBytes: task.Limits.MaxToolOutputBytes})
 					cfg.ToolEnv = func(env *tools.Env) error {
 						tools.WithLedger(env, retriever.NewLedger(task.ContextTokens()))
