@@ -15,9 +15,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+
+	"github.com/rollbox/rollbox/images"
 	"github.com/rollbox/rollbox/internal/fakepolicy"
 	"github.com/rollbox/rollbox/runtime"
 	"github.com/rollbox/rollbox/sandbox"
+	"github.com/rollbox/rollbox/sandbox/docker"
 	"github.com/rollbox/rollbox/sandbox/wasm"
 )
 
@@ -185,5 +190,44 @@ func TestBenchAgainstARunningService(t *testing.T) {
 		"--json", filepath.Join(t.TempDir(), "bench.json"))
 	if code != 0 || !strings.Contains(out, "completed           20/20") || !strings.Contains(out, "turn overhead") {
 		t.Fatalf("bench: exit %d\n%s\n%s", code, out, stderr)
+	}
+}
+
+func TestServeRemovesTheContainersACrashedServiceLeft(t *testing.T) {
+	ctx := context.Background()
+	guest, err := images.NewBuilder(io.Discard).Build(ctx, guestTarget)
+	var be *docker.Backend
+	if err == nil {
+		be, err = docker.New(ctx, docker.Options{GuestPath: guest, Owner: "rollbox-serve-orphans-test"})
+	}
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("docker engine required under CI=true: %v", err)
+		}
+		t.Skipf("no docker engine: %v", err)
+	}
+	defer be.Close()
+	// What a killed service leaves: running containers with its owner label.
+	for range 2 {
+		if _, err := be.Create(ctx, sandbox.Spec{Image: "base"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	owned := func() int {
+		list, err := be.Client().ContainerList(ctx, container.ListOptions{All: true,
+			Filters: filters.NewArgs(filters.Arg("label", docker.LabelOwner+"=rollbox-serve-orphans-test"))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(list)
+	}
+	if n := owned(); n != 2 {
+		t.Fatalf("%d containers before the restart", n)
+	}
+	t.Setenv("ROLLBOX_OWNER", "rollbox-serve-orphans-test")
+	_, stop := serve(t, "--data", t.TempDir())
+	defer stop()
+	if n := owned(); n != 0 {
+		t.Errorf("%d orphaned containers left after serve started", n)
 	}
 }
