@@ -30,6 +30,7 @@ type Server struct {
 	wg     sync.WaitGroup
 
 	mu           sync.Mutex
+	key          []byte // seals every reply once Hello gave one
 	writeRoots   []string
 	guardStarted bool
 	running      map[uint32]context.CancelFunc // exec id -> cancel
@@ -166,6 +167,10 @@ func (s *Server) hello(id uint32, h *guestproto.Hello) {
 		}
 		roots = append(roots, r)
 	}
+	if len(h.Key) != 0 && len(h.Key) != guestproto.KeySize {
+		s.reply(id, guestproto.TypeError, invalid(fmt.Sprintf("hello: a key of %d bytes, want %d", len(h.Key), guestproto.KeySize)))
+		return
+	}
 	if h.ProcessLimit > 0 {
 		lim := &syscall.Rlimit{Cur: uint64(h.ProcessLimit), Max: uint64(h.ProcessLimit)}
 		if err := syscall.Setrlimit(rlimitNproc, lim); err != nil {
@@ -175,6 +180,9 @@ func (s *Server) hello(id uint32, h *guestproto.Hello) {
 	source := s.oom.source
 	s.mu.Lock()
 	s.writeRoots = roots
+	if len(h.Key) > 0 {
+		s.key = append([]byte(nil), h.Key...)
+	}
 	startGuard := h.MemoryGuardBytes > 0 && !s.guardStarted
 	if startGuard {
 		s.guardStarted = true
@@ -189,6 +197,7 @@ func (s *Server) hello(id uint32, h *guestproto.Hello) {
 	}
 	s.reply(id, guestproto.TypeHelloReply, &guestproto.HelloReply{
 		Version: int(guestproto.Version), Agent: AgentVersion, PID: os.Getpid(), OOMSource: source,
+		Sealed: len(h.Key) > 0,
 	})
 }
 
@@ -205,6 +214,12 @@ func (s *Server) reply(id uint32, t guestproto.Type, body guestproto.Payload) {
 	if body != nil {
 		p = body.Encode(nil)
 	}
+	s.mu.Lock()
+	key := s.key
+	s.mu.Unlock()
+	if key != nil {
+		p = guestproto.Seal(key, t, id, p)
+	}
 	if err := s.w.WriteMessage(t, id, p); err != nil {
 		s.log.Printf("reply %s to %d: %v", t, id, err)
 	}
@@ -215,7 +230,21 @@ const rlimitNproc = 6 // RLIMIT_NPROC
 // PrepareInit readies the process to be a container's PID 1 before it
 // serves: it makes sure the Go runtime holds a few OS threads already (a
 // fork bomb that fills the pids limit must not leave the guest unable to
-// start one) and ignores the signals PID 1 should not die of.
+// start one), drops every signal a command could send to kill it, and
+// makes itself non-dumpable so commands cannot reach it through /proc or
+// ptrace.
+//
+// # Notes
+//
+// Commands run as the guest's own uid, so without this a command could
+// `kill -TERM 1` (Go exits on SIGTERM, SIGINT, SIGQUIT and on a SIGSEGV,
+// SIGABRT... sent by kill) or open /proc/1/fd/1, the protocol stream to the
+// host, and write frames into it, or ptrace the guest: each turns the
+// command's failure into a sandbox failure (an unscored episode, which a
+// policy under optimisation pressure learns to prefer over a zero), and the
+// last two let it forge results. A non-dumpable process's /proc entries
+// belong to root and only CAP_SYS_PTRACE may trace it; commands get their
+// dumpable flag back at execve, so they can still debug each other.
 func PrepareInit(threads int) {
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -233,4 +262,20 @@ func PrepareInit(threads int) {
 	// SIGPIPE on stdout (the host went away) must not kill PID 1 silently;
 	// writes then fail with EPIPE and Serve ends.
 	signalIgnore(syscall.SIGPIPE, syscall.SIGHUP)
+	// The rest are what a command could send to kill PID 1 through the Go
+	// runtime's default actions. They are caught and dropped rather than
+	// ignored: an ignored disposition would be inherited by every command
+	// (a SIGTERM-proof `sleep`), a caught one is reset at exec. A
+	// synchronous fault in the guest itself still crashes it.
+	signalDiscard(syscall.SIGINT, syscall.SIGTERM, syscall.SIGQUIT,
+		syscall.SIGABRT, syscall.SIGTRAP, syscall.SIGSYS, syscall.SIGILL, syscall.SIGBUS, syscall.SIGFPE,
+		syscall.SIGSEGV, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGALRM, syscall.SIGVTALRM,
+		syscall.SIGXCPU, syscall.SIGXFSZ, syscall.SIGSTKFLT, syscall.SIGPWR, syscall.SIGTSTP,
+		syscall.SIGTTIN, syscall.SIGTTOU)
+	// The process table opens /proc/self/oom_score_adj for writing: that
+	// must happen while the entry is still ours, before it turns root's.
+	processTable()
+	syscall.RawSyscall6(syscall.SYS_PRCTL, prSetDumpable, 0, 0, 0, 0, 0)
 }
+
+const prSetDumpable = 4 // PR_SET_DUMPABLE

@@ -20,10 +20,29 @@ type Client struct {
 
 	done chan struct{} // closed when the reading side ends
 
-	mu      sync.Mutex
-	next    uint32
-	pending map[uint32]chan Message
-	err     error // why the stream ended
+	mu       sync.Mutex
+	next     uint32
+	pending  map[uint32]chan Message
+	err      error  // why the stream ended
+	key      []byte // replies must be sealed with it, once set
+	rejected int64  // replies dropped for a bad or missing seal
+}
+
+// Authenticate makes the client accept only replies sealed with key (see
+// Seal) from now on: a reply that fails is dropped, as if never sent, and
+// counted by Rejected. Call it before sending the Hello that carries key.
+func (c *Client) Authenticate(key []byte) {
+	c.mu.Lock()
+	c.key = append([]byte(nil), key...)
+	c.mu.Unlock()
+}
+
+// Rejected counts the replies dropped because their seal did not match:
+// something other than the guest wrote into the stream.
+func (c *Client) Rejected() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.rejected
 }
 
 // NewClient starts reading replies from r and writes requests to w. The
@@ -43,6 +62,14 @@ func (c *Client) read(r *Reader) {
 			break
 		}
 		c.mu.Lock()
+		if c.key != nil {
+			var ok bool
+			if m, ok = Open(c.key, m); !ok {
+				c.rejected++
+				c.mu.Unlock()
+				continue
+			}
+		}
 		ch := c.pending[m.ID]
 		delete(c.pending, m.ID)
 		c.mu.Unlock()

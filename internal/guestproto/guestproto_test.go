@@ -296,3 +296,70 @@ func FuzzDecodeFrame(f *testing.F) {
 		}
 	})
 }
+
+func TestSealedRepliesOpenOnlyWithTheirKeyTypeAndID(t *testing.T) {
+	key := bytes.Repeat([]byte{7}, KeySize)
+	body := []byte("exit 0")
+	sealed := Seal(key, TypeExecResult, 9, append([]byte(nil), body...))
+	m, ok := Open(key, Message{Type: TypeExecResult, ID: 9, Payload: sealed})
+	if !ok || !bytes.Equal(m.Payload, body) {
+		t.Fatalf("Open = %q, %v", m.Payload, ok)
+	}
+	for _, tt := range []struct {
+		name string
+		m    Message
+		key  []byte
+	}{
+		{"another key", Message{Type: TypeExecResult, ID: 9, Payload: sealed}, bytes.Repeat([]byte{8}, KeySize)},
+		{"another id", Message{Type: TypeExecResult, ID: 10, Payload: sealed}, key},
+		{"another type", Message{Type: TypeFileData, ID: 9, Payload: sealed}, key},
+		{"no seal", Message{Type: TypeExecResult, ID: 9, Payload: body}, key},
+		{"a changed body", Message{Type: TypeExecResult, ID: 9, Payload: append([]byte("exit 1"), sealed[len(body):]...)}, key},
+	} {
+		if _, ok := Open(tt.key, tt.m); ok {
+			t.Errorf("%s: opened", tt.name)
+		}
+	}
+}
+
+func TestHelloCarriesAnOptionalKey(t *testing.T) {
+	for _, h := range []Hello{{Version: 1, WritableRoots: []string{"/work"}}, {Version: 1, Key: bytes.Repeat([]byte{1}, KeySize)}} {
+		var got Hello
+		if err := got.Decode(h.Encode(nil)); err != nil || !bytes.Equal(got.Key, h.Key) {
+			t.Errorf("round trip of %+v: %+v %v", h, got, err)
+		}
+	}
+	for _, r := range []HelloReply{{Version: 1, Agent: "a"}, {Version: 1, Agent: "a", Sealed: true}} {
+		var got HelloReply
+		if err := got.Decode(r.Encode(nil)); err != nil || got.Sealed != r.Sealed {
+			t.Errorf("round trip of %+v: %+v %v", r, got, err)
+		}
+	}
+}
+
+func TestAnAuthenticatingClientDropsForgedReplies(t *testing.T) {
+	key := bytes.Repeat([]byte{3}, KeySize)
+	hostR, guestW := io.Pipe()
+	guestR, hostW := io.Pipe()
+	c := NewClient(hostR, hostW)
+	c.Authenticate(key)
+	go func() { // the guest, and a forger writing into its stream first
+		rd := NewReader(guestR)
+		m, err := rd.ReadMessage()
+		if err != nil {
+			return
+		}
+		w := NewWriter(guestW)
+		w.WriteMessage(TypePong, m.ID, []byte("forged"))
+		w.WriteMessage(TypePong, m.ID, Seal(key, TypePong, m.ID, nil))
+	}()
+	m, err := c.Call(context.Background(), TypePing, nil)
+	if err != nil || m.Type != TypePong || len(m.Payload) != 0 {
+		t.Fatalf("Call = %+v, %v; want the sealed pong", m, err)
+	}
+	if c.Rejected() != 1 {
+		t.Errorf("Rejected = %d, want 1", c.Rejected())
+	}
+	hostW.Close()
+	guestW.Close()
+}

@@ -21,6 +21,10 @@ type Hello struct {
 	// every command: for runtimes (gVisor) where the host's pids limit would
 	// take the whole sandbox down instead of failing a fork.
 	ProcessLimit int64
+	// Key, when set (KeySize bytes), makes the guest seal every reply from
+	// this one on (Seal), so the host can drop replies a command forged.
+	// Optional on the wire: a Hello without it decodes as before.
+	Key []byte
 }
 
 // HelloReply answers Hello.
@@ -32,6 +36,8 @@ type HelloReply struct {
 	// OOMSource says how the guest detects OOM kills: "cgroup1", "cgroup2",
 	// "guard" or "none".
 	OOMSource string
+	// Sealed is set when the guest seals its replies with Hello.Key.
+	Sealed bool
 }
 
 // Exec starts one command. Exactly one of Argv and Shell is set.
@@ -119,6 +125,9 @@ func (m *Hello) Encode(b []byte) []byte {
 	e.strs(m.WritableRoots)
 	e.int(m.MemoryGuardBytes)
 	e.int(m.ProcessLimit)
+	if len(m.Key) > 0 {
+		e.bytes(m.Key)
+	}
 	return e.b
 }
 
@@ -128,6 +137,9 @@ func (m *HelloReply) Encode(b []byte) []byte {
 	e.str(m.Agent)
 	e.int(int64(m.PID))
 	e.str(m.OOMSource)
+	if m.Sealed {
+		e.bool(true)
+	}
 	return e.b
 }
 
@@ -215,6 +227,9 @@ func (m *Hello) Decode(p []byte) error {
 	m.WritableRoots = d.strs()
 	m.MemoryGuardBytes = d.int()
 	m.ProcessLimit = d.int()
+	if len(d.b) > 0 && d.err == nil {
+		m.Key = d.bytes()
+	}
 	return d.end("hello")
 }
 
@@ -224,6 +239,9 @@ func (m *HelloReply) Decode(p []byte) error {
 	m.Agent = d.str()
 	m.PID = int(d.int())
 	m.OOMSource = d.str()
+	if len(d.b) > 0 && d.err == nil {
+		m.Sealed = d.bool()
+	}
 	return d.end("hello reply")
 }
 

@@ -220,3 +220,40 @@ func TestASecondImageBuildIsANoOp(t *testing.T) {
 		t.Errorf("latest tag: %v %v", in.ID, err)
 	}
 }
+
+func TestACommandCannotKillOrReachTheGuest(t *testing.T) {
+	for _, rt := range []string{sandbox.RuntimeRunc, sandbox.RuntimeRunsc} {
+		t.Run(rt, func(t *testing.T) {
+			b := need(t)
+			ctx := context.Background()
+			sb, err := b.Create(ctx, sandbox.Spec{Image: "base", Runtime: rt})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sb.Close()
+			// Go exits on these when sent by kill, unless the guest catches them.
+			res, err := sb.Exec(ctx, sandbox.ExecRequest{Shell: `for s in TERM INT QUIT HUP ABRT SEGV BUS TRAP SYS USR1 ALRM; do kill -$s 1; done; sleep 0.2
+trap 'echo caught' TERM; kill -TERM $$; echo signals-sent`})
+			if err != nil {
+				t.Fatalf("signalling PID 1: %v", err)
+			}
+			if got := string(res.Stdout); got != "caught\nsignals-sent\n" {
+				t.Errorf("stdout %q, stderr %q: a command's own signals must still work", got, res.Stderr)
+			}
+			res, err = sb.Exec(ctx, sandbox.ExecRequest{Shell: "echo alive"})
+			if err != nil || string(res.Stdout) != "alive\n" {
+				t.Fatalf("the guest did not survive the signals: %q %v", res.Stdout, err)
+			}
+			res, err = sb.Exec(ctx, sandbox.ExecRequest{Shell: "cat /proc/1/mem 2>&1 >/dev/null | head -c 0; ls /proc/1/root/ >/dev/null 2>&1 && echo root-reachable; true"})
+			if err != nil || strings.Contains(string(res.Stdout), "reachable") {
+				t.Errorf("the guest's /proc entries: %q %v", res.Stdout, err)
+			}
+			if rt == sandbox.RuntimeRunc {
+				res, _ := sb.Exec(ctx, sandbox.ExecRequest{Shell: "echo garbage > /proc/1/fd/1 && echo wrote"})
+				if strings.Contains(string(res.Stdout), "wrote") {
+					t.Errorf("a command wrote into the guest's stream under runc")
+				}
+			}
+		})
+	}
+}

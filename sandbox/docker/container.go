@@ -2,6 +2,7 @@ package docker
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -31,8 +32,9 @@ type Container struct {
 	info   sandbox.Info
 	guest  *guestproto.Client
 	hijack types.HijackedResponse
-	demux  chan struct{} // closed when the attach stream has ended
-	log    *tailBuffer   // the guest's stderr
+	demux  chan struct{}  // closed when the attach stream has ended
+	pr     *io.PipeReader // the guest's stdout, demultiplexed; read by guest
+	log    *tailBuffer    // the guest's stderr
 
 	closeOnce sync.Once
 	closeErr  error
@@ -63,6 +65,7 @@ func (c *Container) start(ctx context.Context) error {
 		return translate("attach to container "+c.info.ID, err)
 	}
 	pr, pw := io.Pipe()
+	c.pr = pr
 	go func() {
 		defer close(c.demux)
 		_, err := stdcopy.StdCopy(pw, c.log, c.hijack.Reader)
@@ -72,9 +75,15 @@ func (c *Container) start(ctx context.Context) error {
 	if err := c.b.cli.ContainerStart(ctx, c.id, container.StartOptions{}); err != nil {
 		return translate("start container "+c.info.ID, err)
 	}
+	// Replies are sealed with a fresh key: a command that reaches the
+	// guest's stream (gVisor lets it open /proc/1/fd/1) cannot forge them.
+	key := make([]byte, guestproto.KeySize)
+	rand.Read(key)
+	c.guest.Authenticate(key)
 	hello := &guestproto.Hello{
 		Version:       int(guestproto.Version),
 		WritableRoots: []string{c.spec.Workdir, "/tmp"},
+		Key:           key,
 	}
 	if c.spec.Runtime == sandbox.RuntimeRunsc {
 		hello.MemoryGuardBytes = int64(c.spec.Limits.MemoryMB) << 20
@@ -92,6 +101,9 @@ func (c *Container) start(ctx context.Context) error {
 	var reply guestproto.HelloReply
 	if err := guestproto.Expect(m, guestproto.TypeHelloReply, &reply); err != nil {
 		return fmt.Errorf("sandbox %s: hello: %v: %w", c.info.ID, err, sandbox.ErrSandboxFailed)
+	}
+	if !reply.Sealed {
+		return fmt.Errorf("sandbox %s: the guest (%s) does not seal its replies: rebuild it from this source: %w", c.info.ID, reply.Agent, sandbox.ErrSandboxFailed)
 	}
 	return nil
 }
@@ -136,7 +148,16 @@ func (c *Container) died(err error) error {
 		}
 		state += ")"
 	}
-	return fmt.Errorf("sandbox %s: guest connection lost%s: %v%s: %w", c.info.ID, state, err, c.logTail(), sandbox.ErrSandboxFailed)
+	return fmt.Errorf("sandbox %s: guest connection lost%s: %v%s%s: %w", c.info.ID, state, err, c.tampered(), c.logTail(), sandbox.ErrSandboxFailed)
+}
+
+// tampered says how many forged replies were dropped, if any: the sign that
+// a command wrote into the guest's stream.
+func (c *Container) tampered() string {
+	if n := c.guest.Rejected(); n > 0 {
+		return fmt.Sprintf(" (%d unauthenticated replies dropped: a command wrote into the guest's stream)", n)
+	}
+	return ""
 }
 
 func (c *Container) logTail() string {
@@ -194,7 +215,7 @@ func (c *Container) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.
 	m, err := c.call(wctx, guestproto.TypeExec, msg)
 	if err != nil {
 		if ctx.Err() == nil && wctx.Err() != nil {
-			return sandbox.Result{}, fmt.Errorf("sandbox %s: no answer %v after the command's timeout: %w", c.info.ID, guestAnswer, sandbox.ErrSandboxFailed)
+			return sandbox.Result{}, fmt.Errorf("sandbox %s: no answer %v after the command's timeout%s: %w", c.info.ID, guestAnswer, c.tampered(), sandbox.ErrSandboxFailed)
 		}
 		return sandbox.Result{}, err
 	}
@@ -301,6 +322,12 @@ func (c *Container) Close() error {
 		c.mu.Unlock()
 		if c.hijack.Conn != nil {
 			c.hijack.Close()
+		}
+		if c.pr != nil {
+			// The demultiplexer may be blocked writing to a reader that
+			// stopped at a bad frame (a command wrote into the guest's
+			// stream): closing the conn alone would not end it.
+			c.pr.CloseWithError(sandbox.ErrClosed)
 		}
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(context.Background()), time.Minute)
 		defer cancel()

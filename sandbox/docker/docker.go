@@ -56,6 +56,12 @@ type Options struct {
 	// Client, if set, is used instead of one from the environment
 	// (DOCKER_HOST etc.); the backend does not close it.
 	Client *client.Client
+	// Labels are added to every container (after the spec's, before the
+	// backend's own), e.g. the lease of the process that made it, so a
+	// cleanup can tell a crashed process's leftovers from a live one's.
+	Labels map[string]string
+	// Unsafe loosens every container; for audits' tests only. See Unsafe.
+	Unsafe Unsafe
 }
 
 // Backend creates container sandboxes on a Docker engine.
@@ -188,6 +194,9 @@ func (b *Backend) containerConfig(spec sandbox.Spec, imageID string) (*container
 	for k, v := range spec.Labels {
 		labels[k] = v
 	}
+	for k, v := range b.opts.Labels {
+		labels[k] = v
+	}
 	labels[LabelOwner] = b.opts.Owner
 	labels[LabelSpec] = spec.Key()
 	labels[LabelRuntime] = spec.Runtime
@@ -246,6 +255,7 @@ func (b *Backend) containerConfig(spec sandbox.Spec, imageID string) (*container
 			PidsLimit:  &pids,
 		},
 	}
+	b.opts.Unsafe.apply(hc)
 	return cfg, hc
 }
 
