@@ -54,8 +54,11 @@ type Summary struct {
 	Ends       map[string]int          `json:"ends"`
 	ToolErrors map[string]int          `json:"tool_errors"`
 	Groups     []GroupSummary          `json:"groups"`
-	WallTimeS  float64                 `json:"wall_time_s"`
-	StartedAt  time.Time               `json:"started_at"`
+	// InfraRetries counts episode attempts restarted after an
+	// infrastructure failure before the policy saw anything (the service).
+	InfraRetries int       `json:"infra_retries,omitempty"`
+	WallTimeS    float64   `json:"wall_time_s"`
+	StartedAt    time.Time `json:"started_at"`
 }
 
 // TaskSummary is one task's line of the summary.

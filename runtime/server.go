@@ -274,6 +274,7 @@ func (s *Server) routeTable() []struct {
 		{Route{"DELETE", "/v1/rollouts/{id}"}, s.deleteRollout},
 		{Route{"GET", "/v1/rollouts/{id}/episodes"}, s.getRolloutEpisodes},
 		{Route{"GET", "/v1/rollouts/{id}/export"}, s.exportRollout},
+		{Route{"GET", "/v1/rollouts/{id}/summary"}, s.rolloutSummary},
 		{Route{"POST", "/v1/episodes"}, s.postEpisode},
 		{Route{"GET", "/v1/episodes/{id}"}, s.getEpisode},
 		{Route{"DELETE", "/v1/episodes/{id}"}, s.deleteEpisode},
@@ -495,6 +496,36 @@ func (s *Server) getRolloutEpisodes(w http.ResponseWriter, r *http.Request) erro
 			return nil
 		}
 	}
+}
+
+// rolloutSummary answers the rollout's summary.json (as rollbox run writes
+// it) over the episodes finished so far, with the infrastructure retries.
+func (s *Server) rolloutSummary(w http.ResponseWriter, r *http.Request) error {
+	ro, err := s.lookupRollout(r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	ro.mu.Lock()
+	list := append([]*episodeState(nil), ro.finished...)
+	retries, created := ro.rec.InfraRetries, ro.rec.CreatedAt
+	end := time.Now()
+	if ro.rec.EndedAt != nil {
+		end = *ro.rec.EndedAt
+	}
+	ro.mu.Unlock()
+	var ts []*trajectory.Trajectory
+	for _, e := range list {
+		t, err := s.readEpisode(e, nil)
+		if err != nil {
+			return err
+		}
+		t.Steps = nil // Summarize needs the outcome, not the steps
+		ts = append(ts, t)
+	}
+	sum := Summarize(ro.id, ts)
+	sum.InfraRetries, sum.StartedAt, sum.WallTimeS = retries, created, end.Sub(created).Seconds()
+	writeHTTPJSON(w, http.StatusOK, sum)
+	return nil
 }
 
 // exportRollout writes a rollout's finished episodes as JSONL or Parquet.

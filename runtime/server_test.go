@@ -322,6 +322,11 @@ func TestARolloutStreamsEveryEpisodeWithItsGroupStatistics(t *testing.T) {
 	if len(list.Rollouts) != 1 || list.Rollouts[0].ID != id {
 		t.Errorf("GET /v1/rollouts: %+v", list)
 	}
+	var sum runtime.Summary
+	if code, _ := s.do("GET", "/v1/rollouts/"+id+"/summary", nil, &sum); code != 200 || sum.Episodes != 8 || sum.RewardMean != 0.75 ||
+		len(sum.Groups) != 2 || !sum.Groups[1].ZeroVariance || sum.Groups[0].ZeroVariance {
+		t.Errorf("summary: %d %+v", code, sum)
+	}
 }
 
 func TestAStreamReaderThatDisconnectsLosesNothing(t *testing.T) {
@@ -778,6 +783,10 @@ func TestASandboxFailureBeforeThePolicyIsRetriedAndCounted(t *testing.T) {
 	}
 	if !strings.Contains(s.metrics(), `rollbox_infra_retries_total{backend="wasm"} 1`) {
 		t.Error("the retry is not counted")
+	}
+	var sum runtime.Summary
+	if s.do("GET", "/v1/rollouts/"+id+"/summary", nil, &sum); sum.InfraRetries != 1 || sum.Episodes != 1 {
+		t.Errorf("summary: %+v", sum)
 	}
 	// Past the attempts bound the episode ends sandbox_error, unscored.
 	flaky.fail.Store(10)

@@ -150,6 +150,12 @@ func (p *Pool) startFillLocked(spec Spec) {
 				sb.Close()
 				return
 			}
+			if len(p.ready[key]) >= p.size { // SetSize shrank the pool meanwhile
+				p.filling[key] = false
+				p.mu.Unlock()
+				sb.Close()
+				return
+			}
 			p.ready[key] = append(p.ready[key], sb)
 			p.mu.Unlock()
 		}

@@ -55,6 +55,7 @@ func runBench(ctx context.Context, env *cliEnv, args []string) error {
 	url := fs.String("url", "", "bench a running service at this URL instead of starting one (its peak RSS is read from /metrics)")
 	jsonOut := fs.String("json", "", "also write the results as JSON to this file")
 	keep := fs.String("data", "", "service data directory (default: a temporary one, removed)")
+	serveProfile := fs.String("serve-cpuprofile", "", "have the service write a CPU profile to this file")
 	if err := fs.Parse(args); err != nil {
 		return usagef("%v", err)
 	}
@@ -91,7 +92,7 @@ func runBench(ctx context.Context, env *cliEnv, args []string) error {
 		svc, err = startChildService(ctx, dir, []string{
 			"--max-running", strconv.Itoa(maxRunning), "--max-queued", strconv.Itoa(max(*episodes, 1)),
 			"--docker-concurrency", strconv.Itoa(maxRunning), "--policy-concurrency", strconv.Itoa(*policyConc),
-			"--warm", strconv.Itoa(*warm), "--log-level", "warn",
+			"--warm", strconv.Itoa(*warm), "--log-level", "warn", "--cpuprofile", *serveProfile,
 		})
 		if err != nil {
 			return err

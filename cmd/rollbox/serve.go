@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,6 +41,7 @@ func runServe(ctx context.Context, env *cliEnv, args []string) error {
 	envMax := fs.Int("max-env-episodes", 1024, "open environment-mode episodes")
 	envIdle := fs.Duration("env-idle-timeout", 10*time.Minute, "close an environment-mode episode idle this long")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (for go tool pprof)")
 	if err := fs.Parse(args); err != nil {
 		return usagef("%v", err)
 	}
@@ -63,6 +65,17 @@ func runServe(ctx context.Context, env *cliEnv, args []string) error {
 		return usagef("--wasm-concurrency and --warm may not be negative")
 	}
 	log := slog.New(slog.NewJSONHandler(env.stderr, &slog.HandlerOptions{Level: level}))
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return usagef("--cpuprofile: %v", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 
 	var catalog []*agent.Task
 	if *tasksFile != "" {
