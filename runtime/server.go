@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	_ "embed"
 	"encoding/json"
@@ -435,18 +436,15 @@ func (s *Server) getRolloutEpisodes(w http.ResponseWriter, r *http.Request) erro
 		http.NewResponseController(w).Flush()
 		return nil
 	}
+	var line bytes.Buffer
 	writeLine := func(e *episodeState, stats *trajectory.GroupStats) error {
-		t, err := s.readEpisode(e, stats)
-		if err != nil {
+		line.Reset()
+		if err := s.episodeLine(&line, e, stats); err != nil {
 			s.log.Error("reading an episode for a stream", "episode", e.rec.ID, "err", err)
 			return nil
 		}
-		b, err := json.Marshal(t)
-		if err != nil {
-			return err
-		}
-		bw.Write(b)
-		return bw.WriteByte('\n')
+		_, err := bw.Write(line.Bytes())
+		return err
 	}
 	if !stream {
 		ro.mu.Lock()
@@ -525,6 +523,33 @@ func (s *Server) rolloutSummary(w http.ResponseWriter, r *http.Request) error {
 	sum := Summarize(ro.id, ts)
 	sum.InfraRetries, sum.StartedAt, sum.WallTimeS = retries, created, end.Sub(created).Seconds()
 	writeHTTPJSON(w, http.StatusOK, sum)
+	return nil
+}
+
+// episodeLine appends an episode's record as one NDJSON line with its
+// group statistics: the stored document compacted, "group" spliced in
+// before its closing brace (the stored document never has one), so a
+// stream costs no decoding.
+func (s *Server) episodeLine(buf *bytes.Buffer, e *episodeState, stats *trajectory.GroupStats) error {
+	doc, err := os.ReadFile(s.st.trajectoryPath(e.rec.ID))
+	if err != nil {
+		return err
+	}
+	if err := json.Compact(buf, doc); err != nil {
+		return fmt.Errorf("episode %s: %w", e.rec.ID, err)
+	}
+	if stats != nil {
+		b := buf.Bytes()
+		if len(b) < 2 || b[len(b)-1] != '}' {
+			return fmt.Errorf("episode %s: its record is not a JSON object", e.rec.ID)
+		}
+		buf.Truncate(buf.Len() - 1)
+		g, _ := json.Marshal(stats)
+		buf.WriteString(`,"group":`)
+		buf.Write(g)
+		buf.WriteByte('}')
+	}
+	buf.WriteByte('\n')
 	return nil
 }
 
