@@ -14,8 +14,10 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 )
 
 // Module is this repository's module path.
@@ -238,4 +240,36 @@ func (b *Builder) sourceHash(ctx context.Context, tgt Target) (string, error) {
 		h.Write(data)
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// CleanupPartial removes the half-written programs that builds killed midway
+// left in the cache (NAME.tmpPID whose process is gone) and returns their
+// paths. Built programs are the cache, not leftovers: they stay.
+func (b *Builder) CleanupPartial() ([]string, error) {
+	matches, err := filepath.Glob(filepath.Join(b.CacheDir, "bin", "*", "*.tmp*"))
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	var errs []error
+	for _, m := range matches {
+		i := strings.LastIndex(m, ".tmp")
+		pid, err := strconv.Atoi(m[i+len(".tmp"):])
+		if err != nil || pid <= 0 || processAlive(pid) {
+			continue
+		}
+		if err := os.Remove(m); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, m)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// processAlive reports whether pid names a live process (or one we may not
+// signal, which is alive too).
+func processAlive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
 }

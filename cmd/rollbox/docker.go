@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"github.com/rollbox/rollbox/images"
+	"github.com/rollbox/rollbox/internal/lease"
 	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/sandbox/docker"
 )
@@ -24,8 +25,36 @@ func openDocker(ctx context.Context, progress io.Writer) (sandbox.Backend, error
 			return nil, err
 		}
 	}
-	return docker.New(ctx, docker.Options{GuestPath: guest, Owner: dockerOwner()})
+	// The process's lease marks its containers as live: `rollbox gc` (and
+	// serve at start-up) removes only those whose lease no process holds.
+	l, err := lease.Acquire(lease.Dir())
+	if err != nil {
+		return nil, err
+	}
+	b, err := docker.New(ctx, docker.Options{GuestPath: guest, Owner: dockerOwner(),
+		Labels: map[string]string{lease.LabelLease: l.Token(), lease.LabelHost: lease.Host()}})
+	if err != nil {
+		l.Release()
+		return nil, err
+	}
+	return &leasedDocker{Backend: b, lease: l}, nil
 }
+
+// leasedDocker is the docker backend holding this process's lease on its
+// containers until it is closed.
+type leasedDocker struct {
+	*docker.Backend
+	lease *lease.Lease
+}
+
+func (b *leasedDocker) Close() error {
+	err := b.Backend.Close()
+	b.lease.Release()
+	return err
+}
+
+// Unwrap is the docker backend itself, for its optional capabilities.
+func (b *leasedDocker) Unwrap() sandbox.Backend { return b.Backend }
 
 // dockerOwner is the rollbox.owner label of the containers this process
 // makes: $ROLLBOX_OWNER, default "rollbox". `rollbox gc` removes them.

@@ -2,34 +2,163 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"os"
+	"strings"
+	"syscall"
+	"time"
 
+	"github.com/rollbox/rollbox/images"
+	"github.com/rollbox/rollbox/internal/lease"
 	"github.com/rollbox/rollbox/sandbox/docker"
+	"github.com/rollbox/rollbox/sandbox/wasm"
 )
 
-// runGC is `rollbox gc [--owner NAME]`: it removes every container labelled
-// with the owner, what a crashed rollbox left behind. Running it twice is
-// harmless.
+// runGC is `rollbox gc [--owner NAME]`: it removes what crashed rollbox
+// processes left on this host (gcAll). Running it twice is harmless, and so
+// is running it beside live rollbox processes: their containers carry a
+// lease a live process holds. --owner NAME removes every container of that
+// owner label, live or not, for when you know nothing of it runs.
 func runGC(ctx context.Context, env *cliEnv, args []string) error {
 	fs := flag.NewFlagSet("gc", flag.ContinueOnError)
 	fs.SetOutput(env.stderr)
-	owner := fs.String("owner", dockerOwner(), "remove the containers whose rollbox.owner label is this")
+	owner := fs.String("owner", "", "also remove every container whose rollbox.owner label is this, live or not")
 	if err := fs.Parse(args); err != nil {
 		return usagef("%v", err)
 	}
 	if fs.NArg() > 0 {
 		return usagef("gc takes no arguments")
 	}
+	var errs []error
+	if *owner != "" {
+		cli, err := docker.NewClient()
+		if err != nil {
+			return err
+		}
+		defer cli.Close()
+		n, err := docker.Cleanup(ctx, cli, *owner)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(env.stdout, "removed %d containers of owner %q\n", n, *owner)
+	}
+	errs = append(errs, gcAll(ctx, env.stdout))
+	return errors.Join(errs...)
+}
+
+// gcAll removes what crashed rollbox processes left on this host and
+// reports each kind on w:
+//
+//   - docker containers (of any owner) whose process lease no live process
+//     holds (openDocker labels every container with its process's lease),
+//     and any mount the engine left of them;
+//   - image build directories no build holds (a killed `images build`);
+//   - half-written programs in the build cache and half-written compiled
+//     modules in wazero's cache (the caches themselves stay);
+//   - lease files no process holds.
+//
+// The WASM backend keeps an episode's state in memory only: it dies with its
+// process and leaves nothing else. What a live process uses is never
+// touched, so `rollbox serve` can call gcAll at start-up while other rollbox
+// processes run. Without a docker engine the container step is skipped.
+// Safe to run twice.
+func gcAll(ctx context.Context, w io.Writer) error {
+	var errs []error
+	leases := lease.Dir()
+	host := lease.Host()
+
+	removed, unleased, err := gcContainers(ctx, leases, host)
+	switch {
+	case errors.Is(err, errNoEngine):
+		fmt.Fprintf(w, "gc: docker: no engine answers; no containers to remove\n")
+	case err != nil:
+		errs = append(errs, err)
+	default:
+		fmt.Fprintf(w, "gc: docker: removed %d orphaned containers", len(removed))
+		if unleased > 0 {
+			fmt.Fprintf(w, " (%d without a lease label left alone: remove them with --owner)", unleased)
+		}
+		fmt.Fprintln(w)
+		mounts := docker.LeftoverMounts(removed)
+		unmounted := 0
+		for _, m := range mounts {
+			if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil {
+				errs = append(errs, fmt.Errorf("gc: a mount of a removed container is left: %s: %v", m, err))
+				continue
+			}
+			unmounted++
+		}
+		if len(mounts) > 0 {
+			fmt.Fprintf(w, "gc: mounts: unmounted %d left by removed containers\n", unmounted)
+		}
+	}
+
+	dirs, err := docker.CleanupBuildDirs("")
+	errs = append(errs, err)
+	fmt.Fprintf(w, "gc: temp: removed %d image build directories%s\n", len(dirs), list(dirs))
+
+	b := images.NewBuilder(nil)
+	partial, err := b.CleanupPartial()
+	errs = append(errs, err)
+	compiled, err := wasm.CleanupCache(b.CacheDir, 10*time.Minute)
+	errs = append(errs, err)
+	fmt.Fprintf(w, "gc: cache: removed %d half-built programs and %d half-written compiled modules%s\n", len(partial), len(compiled), list(append(partial, compiled...)))
+
+	n, err := lease.Sweep(leases)
+	errs = append(errs, err)
+	fmt.Fprintf(w, "gc: leases: removed %d lease files of dead processes\n", n)
+	return errors.Join(errs...)
+}
+
+var errNoEngine = errors.New("no docker engine")
+
+// gcContainers removes the containers whose lease is dead, and counts those
+// carrying no lease (made by an older rollbox or by a test).
+func gcContainers(ctx context.Context, leases, host string) (removed []string, unleased int, err error) {
+	if os.Getenv("DOCKER_HOST") == "" {
+		if _, err := os.Stat("/var/run/docker.sock"); err != nil {
+			return nil, 0, errNoEngine
+		}
+	}
 	cli, err := docker.NewClient()
 	if err != nil {
-		return err
+		return nil, 0, errNoEngine
 	}
 	defer cli.Close()
-	n, err := docker.Cleanup(ctx, cli, *owner)
-	if err != nil {
-		return err
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := cli.Ping(pctx); err != nil {
+		return nil, 0, errNoEngine
 	}
-	fmt.Fprintf(env.stdout, "removed %d containers of owner %q\n", n, *owner)
-	return nil
+	var lerrs []error
+	removed, err = docker.CleanupWhere(ctx, cli, func(labels map[string]string) bool {
+		token := labels[lease.LabelLease]
+		if token == "" {
+			unleased++
+			return false
+		}
+		if labels[lease.LabelHost] != host {
+			return false // another host's process: its lease is not visible here
+		}
+		held, err := lease.Held(leases, token)
+		if err != nil {
+			lerrs = append(lerrs, err)
+			return false
+		}
+		return !held
+	})
+	return removed, unleased, errors.Join(append(lerrs, err)...)
+}
+
+func list(paths []string) string {
+	if len(paths) == 0 {
+		return ""
+	}
+	if len(paths) > 5 {
+		paths = append(paths[:5:5], "...")
+	}
+	return ": " + strings.Join(paths, " ")
 }

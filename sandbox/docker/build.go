@@ -18,6 +18,7 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/rollbox/rollbox/images"
+	"github.com/rollbox/rollbox/internal/lease"
 )
 
 // Labels of recipe images.
@@ -68,11 +69,17 @@ func BuildImage(ctx context.Context, cli *client.Client, name string, progress i
 	}
 
 	start := time.Now()
-	work, err := os.MkdirTemp("", "rollbox-image-"+name+"-")
+	work, err := os.MkdirTemp("", buildDirPrefix+name+"-")
 	if err != nil {
 		return out, err
 	}
 	defer os.RemoveAll(work)
+	// Held for the build: CleanupBuildDirs removes only directories whose
+	// lock nobody holds, what a build killed midway left (a rootfs of
+	// hundreds of MB).
+	if lock, err := lease.LockDir(work); err == nil {
+		defer lock.Close()
+	}
 	recipeDir, rootfs := filepath.Join(work, "recipe"), filepath.Join(work, "rootfs")
 	if err := os.MkdirAll(rootfs, 0o755); err != nil {
 		return out, err
