@@ -1,0 +1,188 @@
+package audit_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rollbox/rollbox/images"
+	"github.com/rollbox/rollbox/internal/audit"
+	"github.com/rollbox/rollbox/sandbox"
+	"github.com/rollbox/rollbox/sandbox/docker"
+	"github.com/rollbox/rollbox/sandbox/wasm"
+)
+
+var env struct {
+	probe, probeWASI, guest string
+	owner                   string
+	skip                    string
+}
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		env.owner = fmt.Sprintf("rollbox-audit-test-%d", os.Getpid())
+		b := images.NewBuilder(os.Stderr)
+		var err error
+		if env.probe, err = b.Build(ctx, images.Target{Package: "images/probe", GOOS: "linux", GOARCH: "amd64", Name: "probe"}); err != nil {
+			env.skip = "building the probe: " + err.Error()
+			return m.Run()
+		}
+		if env.probeWASI, err = b.Build(ctx, images.Target{Package: "images/probe", GOOS: "wasip1", GOARCH: "wasm", Name: "probe.wasm"}); err != nil {
+			env.skip = "building the wasip1 probe: " + err.Error()
+			return m.Run()
+		}
+		if env.guest, err = b.Build(ctx, images.Target{Package: "images/guest", GOOS: "linux", GOARCH: "amd64", Name: "guest"}); err != nil {
+			env.skip = "building the guest: " + err.Error()
+			return m.Run()
+		}
+		defer func() {
+			cli, err := docker.NewClient()
+			if err != nil {
+				return
+			}
+			defer cli.Close()
+			if n, err := docker.Cleanup(context.Background(), cli, env.owner); err != nil || n > 0 {
+				fmt.Fprintf(os.Stderr, "cleanup: removed %d leftover containers, err %v\n", n, err)
+			}
+		}()
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+// dockerBackend opens the docker backend with unsafe options, or skips
+// (fails under CI=true) without an engine and the base image.
+func dockerBackend(t *testing.T, unsafe docker.Unsafe) *docker.Backend {
+	t.Helper()
+	if env.skip != "" {
+		t.Fatal(env.skip)
+	}
+	ctx := context.Background()
+	b, err := docker.New(ctx, docker.Options{GuestPath: env.guest, Owner: env.owner, Unsafe: unsafe})
+	if err == nil {
+		_, err = b.Client().ImageInspect(ctx, "rollbox/base:latest")
+		if err != nil {
+			b.Close()
+		}
+	}
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("docker engine and rollbox/base required under CI=true: %v", err)
+		}
+		t.Skipf("no docker engine or base image (run .ci/engine.sh): %v", err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func run(t *testing.T, b sandbox.Backend, spec sandbox.Spec, only ...string) *audit.Report {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	rep, err := audit.Run(ctx, b, spec, audit.Options{ProbeLinux: env.probe, ProbeWASI: env.probeWASI, Only: only})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range rep.Probes {
+		t.Logf("%-18s %-4s %5dms %s", p.Name, p.Status, p.DurationMS, p.Evidence)
+	}
+	return rep
+}
+
+func probe(rep *audit.Report, name string) audit.Probe {
+	for _, p := range rep.Probes {
+		if p.Name == name {
+			return p
+		}
+	}
+	return audit.Probe{Name: name, Status: "missing"}
+}
+
+func TestTheDefaultSpecPassesEveryProbe(t *testing.T) {
+	for _, rt := range []string{sandbox.RuntimeRunc, sandbox.RuntimeRunsc} {
+		t.Run(rt, func(t *testing.T) {
+			b := dockerBackend(t, docker.Unsafe{})
+			rep := run(t, b, sandbox.Spec{Image: "base", Runtime: rt})
+			if len(rep.Probes) != len(audit.Names()) {
+				t.Errorf("%d probes ran, want %d", len(rep.Probes), len(audit.Names()))
+			}
+			for _, p := range rep.Probes {
+				if p.Status != audit.StatusPass {
+					t.Errorf("%s: %s: %s", p.Name, p.Status, p.Evidence)
+				}
+			}
+			if !rep.Pass || len(rep.Loosened) != 0 {
+				t.Errorf("report pass=%v loosened=%v", rep.Pass, rep.Loosened)
+			}
+		})
+	}
+}
+
+func TestLoosenedSandboxesFailTheProbesThatCoverThem(t *testing.T) {
+	tests := []struct {
+		name     string
+		spec     sandbox.Spec
+		unsafe   docker.Unsafe
+		fail     []string // these probes must fail
+		loosened string   // and the report must say why
+	}{
+		{"a bridge network fails the network probes", sandbox.Spec{Network: sandbox.NetworkBridge},
+			docker.Unsafe{}, []string{"network-egress", "network-gateway", "network-metadata", "network-dns"}, "network=bridge"},
+		{"an added capability fails the capabilities probe", sandbox.Spec{},
+			docker.Unsafe{CapAdd: []string{"SYS_ADMIN"}}, []string{"capabilities"}, "docker.cap_add=SYS_ADMIN"},
+		{"the docker socket mounted in fails the mounts probe", sandbox.Spec{},
+			docker.Unsafe{Binds: []string{"/var/run/docker.sock:/var/run/docker.sock:ro"}}, []string{"mounts"}, "docker.bind=/var/run/docker.sock"},
+		{"no seccomp profile fails the seccomp and syscall probes", sandbox.Spec{},
+			docker.Unsafe{SeccompUnconfined: true}, []string{"seccomp", "escape-syscalls"}, "docker.seccomp=unconfined"},
+		// A tenth of a CPU: two unthrottled spinning threads exceed it even on a loaded host.
+		{"no CPU quota fails the CPU probe", sandbox.Spec{Limits: sandbox.Limits{CPUs: 0.1}},
+			docker.Unsafe{NoCPUQuota: true}, []string{"cpu-quota"}, "docker.cpu_quota=none"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := dockerBackend(t, tt.unsafe)
+			spec := tt.spec
+			spec.Image = "base"
+			rep := run(t, b, spec, tt.fail...)
+			for _, name := range tt.fail {
+				if p := probe(rep, name); p.Status != audit.StatusFail {
+					t.Errorf("%s: %s, want fail: %s", name, p.Status, p.Evidence)
+				}
+			}
+			if rep.Pass || !strings.Contains(strings.Join(rep.Loosened, " "), tt.loosened) {
+				t.Errorf("report pass=%v loosened=%v, want fail and %q", rep.Pass, rep.Loosened, tt.loosened)
+			}
+		})
+	}
+}
+
+func TestTheWASMBackendPassesOrExplainsEveryProbe(t *testing.T) {
+	if env.skip != "" {
+		t.Fatal(env.skip)
+	}
+	ctx := context.Background()
+	b, err := wasm.New(ctx, wasm.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	rep := run(t, b, sandbox.Spec{})
+	for _, p := range rep.Probes {
+		if p.Status == audit.StatusFail {
+			t.Errorf("%s failed: %s", p.Name, p.Evidence)
+		}
+		if p.Status == audit.StatusNA && p.Evidence == "" {
+			t.Errorf("%s is n/a without a reason", p.Name)
+		}
+	}
+	for _, must := range []string{"network-egress", "mounts", "memory-balloon", "disk-fill", "output-flood", "copy-out-symlink", "fork-bomb"} {
+		if p := probe(rep, must); p.Status != audit.StatusPass {
+			t.Errorf("%s: %s, want pass on wasm: %s", must, p.Status, p.Evidence)
+		}
+	}
+}
