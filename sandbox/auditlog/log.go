@@ -1,0 +1,391 @@
+package auditlog
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Version is the record format, carried by every line as "v".
+const Version = 1
+
+// Genesis is the "prev" of a log's first line.
+var Genesis = hexSum([]byte("rollbox.auditlog/v1 genesis"))
+
+// maxLine bounds one line, for reading a log's tail and verifying it.
+const maxLine = 1 << 20
+
+// Operations a record describes.
+const (
+	OpCreate = "create"
+	OpExec   = "exec"
+	OpWrite  = "write"
+	OpClose  = "close"
+)
+
+// Record is one line of the log. Fields that do not apply are omitted.
+type Record struct {
+	V   int    `json:"v"`
+	Seq uint64 `json:"seq"`
+	// Time is when the operation ended, UTC.
+	Time time.Time `json:"time"`
+	Op   string    `json:"op"`
+	// Episode is the sandbox spec's rollbox.episode label.
+	Episode     string   `json:"episode,omitempty"`
+	Sandbox     string   `json:"sandbox,omitempty"`
+	Backend     string   `json:"backend,omitempty"`
+	Image       string   `json:"image,omitempty"`
+	ImageDigest string   `json:"image_digest,omitempty"`
+	Runtime     string   `json:"runtime,omitempty"`
+	Network     string   `json:"network,omitempty"`
+	Loosened    []string `json:"loosened,omitempty"`
+	// Argv or Shell is the command, when its bytes are at most InlineBytes;
+	// otherwise InputSHA256 is the SHA-256 of the JSON of the argv, or of
+	// the shell line, and InputBytes its size.
+	Argv        []string `json:"argv,omitempty"`
+	Shell       string   `json:"shell,omitempty"`
+	InputSHA256 string   `json:"input_sha256,omitempty"`
+	InputBytes  int      `json:"input_bytes,omitempty"`
+	StdinSHA256 string   `json:"stdin_sha256,omitempty"`
+	StdinBytes  int      `json:"stdin_bytes,omitempty"`
+	Workdir     string   `json:"workdir,omitempty"`
+	ExitCode    *int     `json:"exit_code,omitempty"`
+	Signal      string   `json:"signal,omitempty"`
+	TimedOut    bool     `json:"timed_out,omitempty"`
+	OOMKilled   bool     `json:"oom_killed,omitempty"`
+	StdoutBytes int64    `json:"stdout_bytes,omitempty"`
+	StderrBytes int64    `json:"stderr_bytes,omitempty"`
+	DurationMS  float64  `json:"duration_ms,omitempty"`
+	// Path, Size, SHA256 and Mode describe a file write.
+	Path   string `json:"path,omitempty"`
+	Size   *int64 `json:"size,omitempty"`
+	SHA256 string `json:"sha256,omitempty"`
+	Mode   string `json:"mode,omitempty"`
+	// Error is why the operation failed, if it did.
+	Error string `json:"error,omitempty"`
+	// Prev is the hash of the line before (Genesis for the first).
+	Prev string `json:"prev"`
+}
+
+// InlineBytes is the largest command kept verbatim in a record.
+const InlineBytes = 4 << 10
+
+// Sync says when appended lines are forced to disk.
+type Sync int
+
+const (
+	// SyncEvery fsyncs after every line (the default, ~0.1-0.2 ms a line
+	// here): a line whose operation returned survives a power loss.
+	SyncEvery Sync = iota
+	// SyncNone leaves write-back to the kernel: a crash of the process
+	// loses nothing (every line is one write(2)), a crash of the machine
+	// may lose the last seconds, which verify-log then cannot tell from a
+	// truncation.
+	SyncNone
+)
+
+// Options configure Open.
+type Options struct {
+	Sync Sync
+}
+
+// Log is an append-only, hash-chained JSON-lines file. Safe for concurrent
+// use within a process (one mutex) and across processes (an flock around
+// every append; a writer that finds the file grown by another re-reads the
+// last line before chaining to it).
+type Log struct {
+	path string
+	opts Options
+
+	mu     sync.Mutex
+	f      *os.File
+	prev   string
+	seq    uint64
+	end    int64 // the file's size after this Log's last append or read
+	closed bool
+}
+
+// Open opens (creating it 0600) the log at path and reads its last line to
+// continue the chain.
+//
+// # Errors
+//
+// A last line that is torn (no newline: a machine crash during a write) or
+// whose own hash does not match is refused: run `rollbox audit verify-log`
+// and move the file aside.
+func Open(path string, opts Options) (*Log, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("audit log: %w", err)
+	}
+	l := &Log{path: path, opts: opts, f: f}
+	if err := l.lock(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	err = l.readTail()
+	l.unlock()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// Path is the log's file.
+func (l *Log) Path() string { return l.path }
+
+func (l *Log) lock() error {
+	if err := syscall.Flock(int(l.f.Fd()), syscall.LOCK_EX); err != nil {
+		return fmt.Errorf("audit log %s: lock: %w", l.path, err)
+	}
+	return nil
+}
+
+func (l *Log) unlock() { syscall.Flock(int(l.f.Fd()), syscall.LOCK_UN) }
+
+// readTail sets prev, seq and end from the file's last line.
+func (l *Log) readTail() error {
+	st, err := l.f.Stat()
+	if err != nil {
+		return fmt.Errorf("audit log %s: %w", l.path, err)
+	}
+	size := st.Size()
+	l.end = size
+	if size == 0 {
+		l.prev, l.seq = Genesis, 0
+		return nil
+	}
+	n := min(size, maxLine+1)
+	buf := make([]byte, n)
+	if _, err := l.f.ReadAt(buf, size-n); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("audit log %s: %w", l.path, err)
+	}
+	if buf[len(buf)-1] != '\n' {
+		return fmt.Errorf("audit log %s: the last line is torn (no newline at byte %d): run `rollbox audit verify-log %s` and move the file aside", l.path, size, l.path)
+	}
+	line := buf[:len(buf)-1]
+	if i := bytes.LastIndexByte(line, '\n'); i >= 0 {
+		line = line[i+1:]
+	} else if size > int64(len(buf)) {
+		return fmt.Errorf("audit log %s: the last line is longer than %d bytes", l.path, maxLine)
+	}
+	rec, hash, err := parseLine(line)
+	if err != nil {
+		return fmt.Errorf("audit log %s: last line: %v: run `rollbox audit verify-log %s`", l.path, err, l.path)
+	}
+	l.prev, l.seq = hash, rec.Seq
+	return nil
+}
+
+// Append completes r (version, sequence number, time if unset, the previous
+// line's hash) and appends it as one line.
+func (l *Log) Append(r Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return fmt.Errorf("audit log %s: closed", l.path)
+	}
+	if err := l.lock(); err != nil {
+		return err
+	}
+	defer l.unlock()
+	st, err := l.f.Stat()
+	if err != nil {
+		return fmt.Errorf("audit log %s: %w", l.path, err)
+	}
+	if st.Size() != l.end { // another writer appended: chain to its last line
+		if err := l.readTail(); err != nil {
+			return err
+		}
+	}
+	r.V, r.Seq, r.Prev = Version, l.seq+1, l.prev
+	if r.Time.IsZero() {
+		r.Time = time.Now()
+	}
+	r.Time = r.Time.UTC()
+	line, hash, err := encodeLine(r)
+	if err != nil {
+		return fmt.Errorf("audit log %s: %w", l.path, err)
+	}
+	if _, err := l.f.Write(line); err != nil {
+		return fmt.Errorf("audit log %s: %w", l.path, err)
+	}
+	if l.opts.Sync == SyncEvery {
+		if err := l.f.Sync(); err != nil {
+			return fmt.Errorf("audit log %s: fsync: %w", l.path, err)
+		}
+	}
+	l.prev, l.seq, l.end = hash, r.Seq, st.Size()+int64(len(line))
+	return nil
+}
+
+// Close closes the file. Idempotent.
+func (l *Log) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil
+	}
+	l.closed = true
+	return l.f.Close()
+}
+
+// A line is the record's JSON object with one more member at the end,
+// "hash": the SHA-256 of that object without it (the bytes as written).
+// Each record carries the hash of the line before it in "prev", so editing
+// or deleting a line breaks the chain at it or at the next one.
+const hashMember = `,"hash":"`
+
+func encodeLine(r Record) (line []byte, hash string, err error) {
+	body, err := json.Marshal(r)
+	if err != nil {
+		return nil, "", err
+	}
+	hash = hexSum(body)
+	line = make([]byte, 0, len(body)+len(hashMember)+len(hash)+3)
+	line = append(line, body[:len(body)-1]...)
+	line = append(line, hashMember...)
+	line = append(line, hash...)
+	line = append(line, '"', '}', '\n')
+	return line, hash, nil
+}
+
+// parseLine checks a line's own hash and decodes it.
+func parseLine(line []byte) (Record, string, error) {
+	const tail = 64 + 2 // hex digits, quote, brace
+	if len(line) < len(hashMember)+tail+2 || !bytes.HasSuffix(line, []byte(`"}`)) {
+		return Record{}, "", errors.New("does not end with its hash")
+	}
+	i := len(line) - tail - len(hashMember)
+	if string(line[i:i+len(hashMember)]) != hashMember {
+		return Record{}, "", errors.New("does not end with its hash")
+	}
+	hash := string(line[i+len(hashMember) : len(line)-2])
+	body := append(append([]byte{}, line[:i]...), '}')
+	if got := hexSum(body); got != hash {
+		return Record{}, "", fmt.Errorf("its hash is %s, but its content hashes to %s: the line was edited", short(hash), short(got))
+	}
+	var r Record
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		return Record{}, "", fmt.Errorf("not a record: %v", err)
+	}
+	if r.V != Version {
+		return Record{}, "", fmt.Errorf("version %d, want %d", r.V, Version)
+	}
+	return r, hash, nil
+}
+
+func hexSum(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+func short(h string) string {
+	if len(h) > 12 {
+		return h[:12]
+	}
+	return h
+}
+
+// VerifyError names the first line that breaks the chain.
+type VerifyError struct {
+	Line   int // 1-based
+	Reason string
+}
+
+func (e *VerifyError) Error() string { return fmt.Sprintf("line %d: %s", e.Line, e.Reason) }
+
+// Summary describes a log that verified.
+type Summary struct {
+	Lines    int
+	Head     string // the last line's hash: keep it elsewhere to detect a truncation later
+	First    time.Time
+	Last     time.Time
+	Sandbox  int // sandboxes created
+	Execs    int
+	Writes   int
+	Episodes int
+}
+
+// Verify reads a whole log and checks every line's own hash, that its prev
+// is the hash of the line before (Genesis for the first) and that sequence
+// numbers count up from 1. The error is a *VerifyError naming the first bad
+// line, or the reader's error.
+//
+// # Notes
+//
+// A chain cannot show that lines were cut off its end: compare Head with a
+// copy kept elsewhere (the last hash a monitoring system saw).
+func Verify(r io.Reader) (Summary, error) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	var s Summary
+	prev, seq := Genesis, uint64(0)
+	episodes := map[string]bool{}
+	for n := 1; ; n++ {
+		line, err := br.ReadSlice('\n')
+		for errors.Is(err, bufio.ErrBufferFull) {
+			more, err2 := br.ReadSlice('\n')
+			line = append(append([]byte{}, line...), more...)
+			if len(line) > maxLine {
+				return s, &VerifyError{Line: n, Reason: fmt.Sprintf("longer than %d bytes", maxLine)}
+			}
+			err = err2
+		}
+		if len(line) == 0 && errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil && !errors.Is(err, io.EOF) {
+			return s, err
+		}
+		if !bytes.HasSuffix(line, []byte("\n")) {
+			return s, &VerifyError{Line: n, Reason: "torn: no newline at the end of the file"}
+		}
+		rec, hash, perr := parseLine(bytes.TrimSuffix(line, []byte("\n")))
+		switch {
+		case perr != nil:
+			return s, &VerifyError{Line: n, Reason: perr.Error()}
+		case rec.Prev != prev:
+			reason := fmt.Sprintf("prev is %s, but the line before hashes to %s: a line before it was edited, deleted or inserted", short(rec.Prev), short(prev))
+			if n == 1 {
+				reason = fmt.Sprintf("prev is %s, not the genesis hash: the log's first lines were removed", short(rec.Prev))
+			}
+			return s, &VerifyError{Line: n, Reason: reason}
+		case rec.Seq != seq+1:
+			return s, &VerifyError{Line: n, Reason: fmt.Sprintf("seq %d follows %d", rec.Seq, seq)}
+		}
+		prev, seq = hash, rec.Seq
+		s.Lines, s.Head = n, hash
+		if n == 1 {
+			s.First = rec.Time
+		}
+		s.Last = rec.Time
+		switch rec.Op {
+		case OpCreate:
+			s.Sandbox++
+		case OpExec:
+			s.Execs++
+		case OpWrite:
+			s.Writes++
+		}
+		if rec.Episode != "" {
+			episodes[rec.Episode] = true
+		}
+		if errors.Is(err, io.EOF) {
+			break
+		}
+	}
+	s.Episodes = len(episodes)
+	return s, nil
+}
