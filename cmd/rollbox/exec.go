@@ -23,6 +23,7 @@ func runExec(ctx context.Context, env *cliEnv, args []string) error {
 	network := fs.String("network", sandbox.NetworkNone, "network: none (default) or bridge (loosens isolation)")
 	timeout := fs.Duration("timeout", 0, "wall-clock limit of the command (default: the spec's)")
 	memory := fs.Int("memory", 0, "memory limit in MB (default 512)")
+	auditLog := fs.String("audit-log", "", "append every sandbox call to this hash-chained log (default $ROLLBOX_AUDIT_LOG)")
 	flagArgs, argv, found := splitDashDash(args)
 	if err := fs.Parse(flagArgs); err != nil {
 		return usagef("%v", err)
@@ -40,7 +41,7 @@ func runExec(ctx context.Context, env *cliEnv, args []string) error {
 	if err := spec.Validate(); err != nil {
 		return usagef("%v", err)
 	}
-	backend, err := openBackend(ctx, *backendName, env.stderr)
+	backend, err := openBackendWith(ctx, *backendName, env.stderr, backendOptions{auditLog: *auditLog})
 	if err != nil {
 		var ue *usageError
 		if errors.As(err, &ue) {

@@ -30,6 +30,7 @@ func runRun(ctx context.Context, env *cliEnv, args []string) error {
 	out := fs.String("out", "", "output directory (default out/<rollout id>)")
 	temperature := fs.Float64("temperature", -1, "sampling temperature sent to an openai policy (default: the server's)")
 	maxTokens := fs.Int64("max-tokens", 0, "max tokens per model turn sent to an openai policy")
+	auditLog := fs.String("audit-log", "", "append every sandbox call to this hash-chained log (default $ROLLBOX_AUDIT_LOG)")
 	policyRetries := fs.Int("policy-retries", 0, "retries of a failed openai policy call (429, 5xx, timeouts) before the episode ends policy_error; 0 = the default 5, -1 = none")
 	policyTimeout := fs.Duration("policy-timeout", 0, "timeout of one openai policy call (default 10m)")
 	if err := fs.Parse(args); err != nil {
@@ -82,6 +83,7 @@ func runRun(ctx context.Context, env *cliEnv, args []string) error {
 		*out = "out/" + rolloutID
 	}
 	backends := newBackendSet(env.stderr)
+	backends.opts.auditLog = *auditLog
 	defer backends.Close()
 
 	total := len(tasks) * *group
@@ -131,6 +133,7 @@ func fmtCounts(m map[string]int) string {
 // backendSet opens backends on first use and shares them across episodes.
 type backendSet struct {
 	progress io.Writer
+	opts     backendOptions
 	mu       sync.Mutex
 	open     map[string]sandbox.Backend
 	errs     map[string]error
@@ -149,7 +152,7 @@ func (b *backendSet) get(ctx context.Context, name string) (sandbox.Backend, err
 	if err, ok := b.errs[name]; ok {
 		return nil, err
 	}
-	be, err := openBackend(ctx, name, b.progress)
+	be, err := openBackendWith(ctx, name, b.progress, b.opts)
 	if err != nil {
 		b.errs[name] = fmt.Errorf("backend %s: %w", name, err)
 		return nil, b.errs[name]

@@ -1,0 +1,120 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestAuditRefusesBadInputBeforeStartingAnything(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"an unknown runtime", []string{"--runtime", "crun"}, `--runtime: "crun" is not one of runc, runsc`},
+		{"an unknown network", []string{"--network", "host"}, `--network: "host" is not one of none, bridge`},
+		{"an unknown backend", []string{"--backend", "vm"}, `--backend "vm"`},
+		{"a runtime for wasm", []string{"--backend", "wasm", "--runtime", "runsc"}, "no OCI runtime"},
+		{"a task file without a task", []string{"--tasks", "../../examples/coding/tasks.jsonl"}, "--tasks and --task go together"},
+		{"a task that is not there", []string{"--tasks", "../../examples/coding/tasks.jsonl", "--task", "nope"}, `--task "nope" is not in`},
+		{"verify-log without a file", []string{"verify-log"}, "verify-log takes one file"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, _, stderr := rollbox(t, append([]string{"audit"}, tt.args...)...)
+			if code != exitBadInput || !strings.Contains(stderr, tt.want) {
+				t.Fatalf("exit %d, stderr %q; want 2 and %q", code, stderr, tt.want)
+			}
+		})
+	}
+}
+
+type auditJSON struct {
+	Schema   string   `json:"schema"`
+	Backend  string   `json:"backend"`
+	Loosened []string `json:"loosened"`
+	Pass     bool     `json:"pass"`
+	Spec     struct {
+		Network string `json:"network"`
+	} `json:"spec"`
+	Probes []struct {
+		Name     string `json:"name"`
+		Pass     bool   `json:"pass"`
+		Status   string `json:"status"`
+		Evidence string `json:"evidence"`
+	} `json:"probes"`
+}
+
+func decodeAudit(t *testing.T, out string) auditJSON {
+	t.Helper()
+	var rep auditJSON
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("--json output: %v\n%s", err, out)
+	}
+	if rep.Schema != "rollbox.audit/v1" || len(rep.Probes) == 0 {
+		t.Fatalf("report %+v", rep)
+	}
+	for _, p := range rep.Probes {
+		if p.Name == "" || p.Evidence == "" || p.Pass != (p.Status == "pass") {
+			t.Errorf("probe %+v: want a name, evidence and pass = (status == pass)", p)
+		}
+	}
+	return rep
+}
+
+func TestAuditOfATasksWASMSandboxPassesAndLogsItsCalls(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "audit.jsonl")
+	code, out, stderr := rollbox(t, "audit", "--tasks", "../../examples/coding/tasks.jsonl", "--task", "fix-add", "--json", "--audit-log", log)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	rep := decodeAudit(t, out)
+	if rep.Backend != "wasm" || !rep.Pass || len(rep.Loosened) != 0 {
+		t.Errorf("report backend %s pass %v loosened %v", rep.Backend, rep.Pass, rep.Loosened)
+	}
+	code, out, stderr = rollbox(t, "audit", "verify-log", log)
+	if code != exitOK || !strings.Contains(out, "ok: ") || !strings.Contains(out, "1 sandboxes") {
+		t.Fatalf("verify-log: exit %d %q %q", code, out, stderr)
+	}
+	// Drop a line from the middle: verify-log names the line after it.
+	b, _ := os.ReadFile(log)
+	lines := strings.SplitAfter(string(b), "\n")
+	os.WriteFile(log, []byte(strings.Join(append(lines[:3:3], lines[4:]...), "")), 0o600)
+	code, _, stderr = rollbox(t, "audit", "verify-log", log)
+	if code != exitFailure || !strings.Contains(stderr, "line 4: prev is") {
+		t.Fatalf("verify-log of a log with a line deleted: exit %d %q", code, stderr)
+	}
+}
+
+func TestAuditOfABridgeNetworkSaysSoAndFails(t *testing.T) {
+	needDocker(t)
+	t.Setenv("ROLLBOX_OWNER", "rollbox-test-audit")
+	code, out, stderr := rollbox(t, "audit", "--network", "bridge", "--json")
+	if code != exitFailure {
+		t.Fatalf("exit %d, want 1: %s", code, stderr)
+	}
+	rep := decodeAudit(t, out)
+	if rep.Pass || rep.Spec.Network != "bridge" || strings.Join(rep.Loosened, ",") != "network=bridge" {
+		t.Errorf("report pass %v network %s loosened %v", rep.Pass, rep.Spec.Network, rep.Loosened)
+	}
+	if !strings.Contains(stderr, "WARNING: this spec loosens isolation: network=bridge") {
+		t.Errorf("no warning on stderr: %s", stderr)
+	}
+	failed := map[string]bool{}
+	for _, p := range rep.Probes {
+		if !p.Pass {
+			failed[p.Name] = true
+		}
+	}
+	for _, name := range []string{"network-egress", "network-gateway", "network-metadata", "network-dns"} {
+		if !failed[name] {
+			t.Errorf("%s passed on a bridge network", name)
+		}
+	}
+	if failed["capabilities"] || failed["mounts"] || failed["memory-balloon"] {
+		t.Errorf("probes the network does not touch failed: %v", failed)
+	}
+}
