@@ -644,7 +644,20 @@ func (s *Server) endEpisode(r *rollout, e *episodeState, t *trajectory.Trajector
 		s.log.Info("rollout ended", "rollout", r.id, "state", rolloutRec.State, "episodes", st.EpisodesTotal,
 			"scored", st.Scored, "ends", st.Ends, "infra_retries", st.InfraRetries)
 		r.cancel(errors.New("the rollout ended"))
+		s.forgetLater(r)
 	}
+}
+
+// forgetLater drops an ended rollout from memory after Limits.KeepEnded;
+// the store has it.
+func (s *Server) forgetLater(r *rollout) {
+	time.AfterFunc(s.limits.KeepEnded, func() {
+		s.mu.Lock()
+		if s.rollouts[r.id] == r {
+			delete(s.rollouts, r.id)
+		}
+		s.mu.Unlock()
+	})
 }
 
 // cancelRollout stops a rollout: queued episodes end "cancelled" without
@@ -802,6 +815,7 @@ func (s *Server) lookupRollout(id string) (*rollout, error) {
 		r = cur
 	} else {
 		s.rollouts[id] = r
+		defer s.forgetLater(r)
 	}
 	s.mu.Unlock()
 	return r, nil

@@ -42,6 +42,10 @@ type Limits struct {
 	EnvIdleTimeout time.Duration
 	// MaxGroupSize bounds group_size (default 4096).
 	MaxGroupSize int
+	// KeepEnded is how long an ended rollout stays in memory (streams
+	// already attached keep theirs); after that it is read back from the
+	// store when asked for (default 10 minutes).
+	KeepEnded time.Duration
 }
 
 func (l Limits) withDefaults() Limits {
@@ -75,6 +79,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxGroupSize <= 0 {
 		l.MaxGroupSize = 4096
+	}
+	if l.KeepEnded <= 0 {
+		l.KeepEnded = 10 * time.Minute
 	}
 	return l
 }

@@ -1048,3 +1048,35 @@ func percentilesOf(xs []float64) [2]float64 {
 	at := func(q float64) float64 { return xs[min(len(xs)-1, int(math.Ceil(q*float64(len(xs))))-1)] }
 	return [2]float64{at(0.5), at(0.99)}
 }
+
+func TestAnEndedRolloutLeavesMemoryAndIsReadBackFromTheStore(t *testing.T) {
+	var n atomic.Int64
+	p := startPolicy(t, fakepolicy.Config{Responder: answering(func(string) string {
+		if n.Add(1)%2 == 0 {
+			return "done"
+		}
+		return "no"
+	})})
+	s := startService(t, "", func(o *runtime.Options) { o.Limits.KeepEnded = 10 * time.Millisecond })
+	id := s.submit(rolloutBody(p, 2, task("a"), task("b")))
+	live := s.episodes(id, "?stream=1")
+	before := s.status(id)
+	time.Sleep(100 * time.Millisecond) // forgotten: the next requests read the store
+	after := s.status(id)
+	if after.State != before.State || after.EpisodesDone != 4 || *after.RewardMean != *before.RewardMean || after.Ends["finished"] != 4 {
+		t.Errorf("read back %+v, was %+v", after, before)
+	}
+	again := s.episodes(id, "?stream=1")
+	if len(again) != 4 {
+		t.Fatalf("%d episodes read back", len(again))
+	}
+	adv := map[string]float64{}
+	for _, e := range live {
+		adv[e.EpisodeID] = e.Group.Advantage
+	}
+	for _, e := range again {
+		if e.Group == nil || e.Group.Advantage != adv[e.EpisodeID] {
+			t.Errorf("episode %s read back with group %+v, streamed with advantage %v", e.EpisodeID, e.Group, adv[e.EpisodeID])
+		}
+	}
+}
