@@ -52,6 +52,20 @@ func wasmBackends(t testing.TB) runtime.BackendSource {
 	})
 }
 
+// ownWasm is a WASM backend of the test's own, so that counting its live
+// sandboxes sees nobody else's.
+func ownWasm(t testing.TB) (*wasm.Backend, func(*runtime.Options)) {
+	t.Helper()
+	be, err := wasm.New(context.Background(), wasm.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { be.Close() })
+	return be, func(o *runtime.Options) {
+		o.Backends = runtime.BackendFunc(func(context.Context, string) (sandbox.Backend, error) { return be, nil })
+	}
+}
+
 type service struct {
 	t    testing.TB
 	srv  *runtime.Server
@@ -384,11 +398,12 @@ func blockingPolicy(t testing.TB) (*fakepolicy.Server, func()) {
 
 func TestCancellingARolloutStopsItsSandboxesPromptly(t *testing.T) {
 	p, _ := blockingPolicy(t)
-	s := startService(t, "", func(o *runtime.Options) { o.Limits.MaxRunning = 2 })
-	before := len(wasmBackend.Live())
+	be, own := ownWasm(t)
+	s := startService(t, "", own, func(o *runtime.Options) { o.Limits.MaxRunning = 2 })
+	before := len(be.Live())
 	id := s.submit(rolloutBody(p, 5, task("a")))
 	s.waitState(id, 10*time.Second, func(st status) bool { return st.Running == 2 && st.Queued == 3 })
-	if live := len(wasmBackend.Live()) - before; live != 2 {
+	if live := len(be.Live()) - before; live != 2 {
 		t.Fatalf("%d sandboxes live before the cancel, want 2", live)
 	}
 	start := time.Now()
@@ -403,7 +418,7 @@ func TestCancellingARolloutStopsItsSandboxesPromptly(t *testing.T) {
 	if st.State != runtime.RolloutCancelled || st.Ends["cancelled"] != 5 {
 		t.Errorf("after cancel: %+v", st)
 	}
-	if live := len(wasmBackend.Live()) - before; live != 0 {
+	if live := len(be.Live()) - before; live != 0 {
 		t.Errorf("%d sandboxes still live after the cancel", live)
 	}
 	for _, e := range s.episodes(id, "") {
@@ -481,7 +496,8 @@ func TestRolloutsShareTheServiceRoundRobin(t *testing.T) {
 }
 
 func TestEnvironmentModeStepsTheSameSessionARolloutRuns(t *testing.T) {
-	s := startService(t, "")
+	be, own := ownWasm(t)
+	s := startService(t, "", own)
 	tk := task("env")
 	tk["limits"] = map[string]any{"max_turns": 3, "max_tool_output_bytes": 64}
 	tk["files"] = map[string]string{"/work/hello.txt": "hi\n", "/work/big.txt": strings.Repeat("x", 500)}
@@ -575,12 +591,12 @@ func TestEnvironmentModeStepsTheSameSessionARolloutRuns(t *testing.T) {
 	}
 
 	// DELETE closes an open one: cancelled, sandbox stopped.
-	before := len(wasmBackend.Live())
+	before := len(be.Live())
 	s.do("POST", "/v1/episodes", map[string]any{"task": task("env3")}, &opened)
 	if code, _ := s.do("DELETE", "/v1/episodes/"+opened.ID, nil, nil); code != 200 {
 		t.Errorf("DELETE: %d", code)
 	}
-	if len(wasmBackend.Live()) != before {
+	if len(be.Live()) != before {
 		t.Errorf("the closed episode's sandbox is still live")
 	}
 	s.do("GET", "/v1/episodes/"+opened.ID, nil, &tr)
