@@ -49,6 +49,7 @@ func probes() []probe {
 		{"exe", exe},
 		{"plant", plant},
 		{"swap", swap},
+		{"mem", mem},
 	}
 }
 
@@ -1022,4 +1023,29 @@ func swap(o opts) finding {
 		n++
 	}
 	return finding{Pass: true, Evidence: fmt.Sprintf("%d swaps of %s and a symlink to / (atomic exchange: %v)", n, race, exchange)}
+}
+
+// mem reports the sandbox's memory use as its kernel sees it (MemTotal -
+// MemAvailable): under gVisor, the sandbox's own.
+func mem(opts) finding {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return finding{Evidence: err.Error()}
+	}
+	var total, avail int64 = -1, -1
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		switch k {
+		case "MemTotal":
+			total = n
+		case "MemAvailable":
+			avail = n
+		}
+	}
+	used := float64(total-avail) / 1024
+	return finding{Pass: total >= 0 && avail >= 0, Evidence: fmt.Sprintf("%.0f MB used", used), Data: map[string]any{"used_mb": used}}
 }
