@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -103,6 +104,15 @@ func runServe(ctx context.Context, env *cliEnv, args []string) error {
 		os.Setenv("ROLLBOX_OWNER", owner) // read by openDocker, for every backend opened below
 	}
 	removeOrphans(ctx, log, owner)
+	// Every running episode holds its journal open, every policy slot a
+	// connection: say so at once when the descriptor limit cannot hold them.
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err == nil {
+		if need := uint64(*maxRunning + *envMax + 2*(*policyConc) + 256); lim.Cur < need {
+			log.Warn("the open-file limit is below what the configured concurrency needs; lower --max-running or raise ulimit -n",
+				"limit", lim.Cur, "needed", need)
+		}
+	}
 
 	backends := newBackendSet(env.stderr)
 	defer backends.Close()
