@@ -187,8 +187,11 @@ func (c *childService) peakRSS() int64 {
 }
 
 // cpuSeconds is the child's user+system CPU time so far.
-func (c *childService) cpuSeconds() float64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(c.cmd.Process.Pid) + "/stat")
+func (c *childService) cpuSeconds() float64 { return procCPUSeconds(strconv.Itoa(c.cmd.Process.Pid)) }
+
+// procCPUSeconds is a process's user+system CPU time ("self" for this one).
+func procCPUSeconds(pid string) float64 {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
 	if err != nil {
 		return 0
 	}
@@ -245,6 +248,7 @@ type RolloutBenchResult struct {
 	ServiceCPUS         float64        `json:"service_cpu_s"`
 	ServiceCPUPerTurnMS float64        `json:"service_cpu_per_turn_ms"`
 	BenchPeakRSS        int64          `json:"bench_peak_rss_bytes"`
+	BenchCPUS           float64        `json:"bench_cpu_s"`
 }
 
 // Percentiles of a sample.
@@ -407,6 +411,7 @@ func benchRollout(ctx context.Context, env *cliEnv, base string, pol *fakepolicy
 		res.ServicePeakRSS = scrapePeakRSS(base)
 	}
 	res.BenchPeakRSS = runtime.PeakRSS()
+	res.BenchCPUS = procCPUSeconds("self")
 
 	w := env.stdout
 	fmt.Fprintf(w, "rollout bench: %d episodes × %d turns on %s, fake policy latency %s\n", c.episodes, c.turns, c.backend, c.latency)
@@ -420,7 +425,7 @@ func benchRollout(ctx context.Context, env *cliEnv, base string, pol *fakepolicy
 	fmt.Fprintf(w, "  last turn overhead  %s   (finish: reward, record, sandbox removal)\n", res.LastTurnMS)
 	fmt.Fprintf(w, "  service CPU         %.1f s, %.3f ms a turn (user+system, the whole run)\n", res.ServiceCPUS, res.ServiceCPUPerTurnMS)
 	fmt.Fprintf(w, "  service peak RSS    %.1f MiB (VmHWM)\n", float64(res.ServicePeakRSS)/(1<<20))
-	fmt.Fprintf(w, "  bench peak RSS      %.1f MiB (fake policy + client)\n", float64(res.BenchPeakRSS)/(1<<20))
+	fmt.Fprintf(w, "  bench               %.1f s CPU, peak RSS %.1f MiB (fake policy + client, same machine)\n", res.BenchCPUS, float64(res.BenchPeakRSS)/(1<<20))
 	if res.Completed != c.episodes {
 		return res, fmt.Errorf("%d of %d episodes completed", res.Completed, c.episodes)
 	}
