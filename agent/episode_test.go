@@ -148,11 +148,11 @@ func TestAnAgentThatRewritesTheTestsDoesNotPass(t *testing.T) {
 
 func TestBadToolCallsAreRecordedAndTheEpisodeGoesOn(t *testing.T) {
 	tr := runEpisode(t, loadTask(t, calcTask), &turnsPolicy{turns: []agent.Turn{
-		calls("bash", `{"command": "echo hi"`),          // invalid JSON
-		calls("rm_rf", `{}`),                            // unknown tool
-		calls("edit", `{"path": "calc.py"}`),            // missing arguments
-		{Content: "I am thinking."},                     // no tool call
-		calls("edit", `{"path": "calc.py", "old_string": "nope", "new_string": "x"}`), // no match
+		calls("bash", `{"command": "echo hi"`), // invalid JSON
+		calls("rm_rf", `{}`),                   // unknown tool
+		calls("edit", `{"path": "calc.py"}`),   // missing arguments
+		{Content: "I am thinking."},            // no tool call
+		calls("edit", `{"path": "calc.py", "old_string": "nope", "new_string": "x"}`),       // no match
 		calls("bash", `{"command": "echo one; echo two"}`, "bash", `{"command": "exit 3"}`), // parallel calls
 	}})
 	if tr.Termination.Reason != trajectory.EndMaxTurns {
@@ -184,7 +184,9 @@ func TestBadToolCallsAreRecordedAndTheEpisodeGoesOn(t *testing.T) {
 
 type failingPolicy struct{ err error }
 
-func (p failingPolicy) Next(context.Context, agent.Request) (agent.Turn, error) { return agent.Turn{}, p.err }
+func (p failingPolicy) Next(context.Context, agent.Request) (agent.Turn, error) {
+	return agent.Turn{}, p.err
+}
 
 func TestAPolicyFailureEndsTheEpisodeUnscored(t *testing.T) {
 	tr := runEpisode(t, loadTask(t, calcTask), failingPolicy{errors.Join(errors.New("500 after 5 attempts"), agent.ErrPolicy)})

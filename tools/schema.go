@@ -147,7 +147,10 @@ func object(props map[string]*param, required ...string) *param {
 	return &param{Type: "object", Properties: props, Required: required, AdditionalProperties: &no}
 }
 
-func str(desc string) *param { one := 1; return &param{Type: "string", Description: desc, MinLength: &one} }
+func str(desc string) *param {
+	one := 1
+	return &param{Type: "string", Description: desc, MinLength: &one}
+}
 
 // strAny is a string that may be empty.
 func strAny(desc string) *param { return &param{Type: "string", Description: desc} }

@@ -11,8 +11,8 @@ import (
 
 	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/agent/openai"
-	"github.com/rollbox/rollbox/agent/scripted"
 	"github.com/rollbox/rollbox/agent/replay"
+	"github.com/rollbox/rollbox/agent/scripted"
 	"github.com/rollbox/rollbox/agent/trajectory"
 )
 
