@@ -24,7 +24,6 @@ const (
 	codeUnavailable   = "sandbox_unavailable"
 	codeInternal      = "internal"
 	codeShuttingDown  = "shutting_down"
-	codeMethod        = "method_not_allowed"
 	maxRolloutBody    = 64 << 20
 	maxEnvRequestBody = 16 << 20
 )

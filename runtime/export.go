@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/parquet-go/parquet-go"
 
@@ -218,5 +217,3 @@ func AttachGroupStats(ts []*trajectory.Trajectory) {
 		}
 	}
 }
-
-var _ = time.Now
