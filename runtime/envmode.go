@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -360,8 +362,15 @@ func (s *Server) getEpisode(w http.ResponseWriter, r *http.Request) error {
 		return notFound("episode", id)
 	}
 	t, err := trajectory.Read(s.st.trajectoryPath(id))
+	if errors.Is(err, os.ErrNotExist) {
+		// Running: its journal so far (read at line boundaries, so never
+		// torn), with no end yet.
+		if t, err = trajectory.Recover(filepath.Join(s.st.episodesDir, id+trajectory.PartialSuffix)); err == nil {
+			t.Termination, t.Reward, t.EndedAt = nil, nil, nil
+		}
+	}
 	if err != nil {
-		return notFound("episode record", id)
+		return notFound("episode record (queued, not started)", id)
 	}
 	if rec.Mode == "rollout" {
 		if ro, err := s.lookupRollout(rec.RolloutID); err == nil {

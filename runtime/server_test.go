@@ -406,6 +406,24 @@ func TestCancellingARolloutStopsItsSandboxesPromptly(t *testing.T) {
 	s.waitState(id, 10*time.Second, func(st status) bool {
 		return st.Running == 2 && st.Queued == 3 && len(be.Live())-before == 2
 	})
+	// A running episode reads as its record so far; a queued one has none.
+	running := 0
+	for g := range 5 {
+		var tr struct {
+			Steps       []trajectory.Step
+			Termination *trajectory.Termination
+		}
+		code, _ := s.do("GET", fmt.Sprintf("/v1/episodes/%s.a.%d", id, g), nil, &tr)
+		switch {
+		case code == 200 && len(tr.Steps) <= 2 && tr.Termination == nil:
+			running++
+		case code != 404:
+			t.Errorf("episode %d: %d %+v", g, code, tr)
+		}
+	}
+	if running != 2 {
+		t.Errorf("%d episodes read as running, want 2", running)
+	}
 	start := time.Now()
 	var st status
 	if code, _ := s.do("DELETE", "/v1/rollouts/"+id, nil, &st); code != 200 {
