@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"strings"
 	"syscall"
 	"time"
 
@@ -104,6 +105,11 @@ func runServe(ctx context.Context, env *cliEnv, args []string) error {
 		os.Setenv("ROLLBOX_OWNER", owner) // read by openDocker, for every backend opened below
 	}
 	removeOrphans(ctx, log, owner)
+	// And what any crashed rollbox left (containers whose process lease is
+	// dead, build dirs, half-written cache files): never a live process's.
+	if err := gcAll(ctx, logLines{log}); err != nil {
+		log.Warn("cleaning up after crashed processes", "err", err)
+	}
 	// Every running episode holds its journal open, every policy slot a
 	// connection: say so at once when the descriptor limit cannot hold them.
 	var lim syscall.Rlimit
@@ -164,6 +170,18 @@ func runServe(ctx context.Context, env *cliEnv, args []string) error {
 		err = nil
 	}
 	return errors.Join(err, cerr)
+}
+
+// logLines writes each line it is given as an info record.
+type logLines struct{ log *slog.Logger }
+
+func (l logLines) Write(p []byte) (int, error) {
+	for _, line := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
+		if line != "" {
+			l.log.Info(line)
+		}
+	}
+	return len(p), nil
 }
 
 // serviceOwner is the container owner label of a service on dataDir.
