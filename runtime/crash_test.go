@@ -80,7 +80,7 @@ func TestAServiceKilledMidRolloutIsRecovered(t *testing.T) {
 		t.Errorf("recovered %v", s.rec)
 	}
 	st := s.status(id)
-	if st.State != runtime.RolloutInterrupted || st.EpisodesDone != 3 || st.Ends["interrupted"] != 3 {
+	if st.State != runtime.RolloutCancelled || !st.Interrupted || st.EpisodesDone != 3 || st.Ends["interrupted"] != 3 {
 		t.Errorf("after the crash: %+v", st)
 	}
 	for _, e := range s.episodes(id, "?stream=1") {

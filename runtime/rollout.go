@@ -18,7 +18,8 @@ import (
 
 // Rollout states. "interrupted" is a rollout that the service stopped
 // (crash or shutdown) before all its episodes ended; those episodes are
-// recorded as interrupted.
+// recorded as interrupted. The API keeps DESIGN.md's four states: it reports
+// an interrupted rollout as "cancelled" with "interrupted": true.
 const (
 	RolloutQueued      = "queued"
 	RolloutRunning     = "running"
@@ -166,6 +167,9 @@ type RolloutStatus struct {
 	CreatedAt       time.Time      `json:"created_at"`
 	EndedAt         *time.Time     `json:"ended_at,omitempty"`
 	Message         string         `json:"message,omitempty"`
+	// Interrupted is set (with State "cancelled") when the service stopped
+	// before every episode ended.
+	Interrupted bool `json:"interrupted,omitempty"`
 }
 
 // PolicyStatus is the policy a rollout runs against.
@@ -185,6 +189,9 @@ func (r *rollout) status() RolloutStatus {
 		Backend: rec.Backend, CreatedAt: rec.CreatedAt, EndedAt: rec.EndedAt, Message: rec.Message,
 		Policy: PolicyStatus{BaseURL: rec.Policy.Endpoint, Model: rec.Policy.Model, Sampling: rec.Policy.Sampling}}
 	st.EpisodesQueued = st.EpisodesTotal - st.EpisodesDone - st.EpisodesRunning
+	if st.State == RolloutInterrupted {
+		st.State, st.Interrupted = RolloutCancelled, true
+	}
 	for _, g := range r.groups {
 		if g.ended == len(g.members) {
 			st.GroupsDone++

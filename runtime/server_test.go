@@ -190,6 +190,7 @@ type status struct {
 	InfraRetries  int `json:"infra_retries"`
 	Ends          map[string]int
 	RewardMean    *float64 `json:"reward_mean"`
+	Interrupted   bool
 }
 
 func (s *service) status(id string) status {
@@ -860,12 +861,12 @@ func TestARestartRecordsWhatACrashLeftInFlightAsInterrupted(t *testing.T) {
 		t.Errorf("recovery %+v", b.rec)
 	}
 	st := b.status(id)
-	if st.State != runtime.RolloutInterrupted || st.EpisodesDone != 3 || st.Ends["interrupted"] != 3 {
+	if st.State != runtime.RolloutCancelled || !st.Interrupted || st.EpisodesDone != 3 || st.Ends["interrupted"] != 3 {
 		t.Errorf("status after the restart %+v", st)
 	}
 	var list struct{ Rollouts []status }
 	b.do("GET", "/v1/rollouts", nil, &list)
-	if len(list.Rollouts) != 1 || list.Rollouts[0].State != runtime.RolloutInterrupted {
+	if len(list.Rollouts) != 1 || list.Rollouts[0].State != runtime.RolloutCancelled || !list.Rollouts[0].Interrupted {
 		t.Errorf("listing %+v", list)
 	}
 	eps := b.episodes(id, "?stream=1")
