@@ -134,7 +134,8 @@ func gcContainers(ctx context.Context, leases, host string) (removed []string, u
 		return nil, 0, errNoEngine
 	}
 	var lerrs []error
-	removed, err = docker.CleanupWhere(ctx, cli, func(labels map[string]string) bool {
+	removed, err = docker.CleanupWhere(ctx, cli, func(c docker.Candidate) bool {
+		labels := c.Labels
 		token := labels[lease.LabelLease]
 		if token == "" {
 			unleased++
@@ -143,12 +144,15 @@ func gcContainers(ctx context.Context, leases, host string) (removed []string, u
 		if labels[lease.LabelHost] != host {
 			return false // another host's process: its lease is not visible here
 		}
-		held, err := lease.Held(leases, token)
+		st, err := lease.Check(leases, token)
 		if err != nil {
 			lerrs = append(lerrs, err)
 			return false
 		}
-		return !held
+		// A missing lease is a released one or a reboot's (then nothing
+		// runs), or one in another lease directory: a container that runs,
+		// or was made in the last minute (it may be starting), is left.
+		return st == lease.Dead || (st == lease.Missing && !c.Running && time.Since(c.Created) > time.Minute)
 	})
 	return removed, unleased, errors.Join(append(lerrs, err)...)
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -38,8 +39,9 @@ func TestGCAfterAKilledRunLeavesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmp := filepath.Join(dir, "tmp") // the processes' TMPDIR: leases and any temp dir land here
+	tmp := filepath.Join(dir, "tmp") // the processes' TMPDIR and lease directory
 	os.Mkdir(tmp, 0o755)
+	leases := filepath.Join(tmp, "leases")
 	tasks := writeFile(t, dir, "tasks.jsonl", `{"id": "long", "prompt": "wait", "sandbox": {"backend": "docker", "image": "base"}, "tools": ["bash", "finish"], "reward": {"type": "exact", "answer": "x"}, "limits": {"max_turns": 3}}`)
 	policy := writeFile(t, dir, "policy.jsonl", `{"task_id": "long", "turns": [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 50", "timeout_s": 55}}]}, {"tool_calls": [{"name": "finish", "arguments": {"answer": "x"}}]}]}`)
 	killed, live := fmt.Sprintf("rollbox-gc-test-%d-killed", os.Getpid()), fmt.Sprintf("rollbox-gc-test-%d-live", os.Getpid())
@@ -52,7 +54,7 @@ func TestGCAfterAKilledRunLeavesNothing(t *testing.T) {
 		docker.Cleanup(context.Background(), cli, killed)
 		docker.Cleanup(context.Background(), cli, live)
 	})
-	env := append(os.Environ(), "TMPDIR="+tmp, "ROLLBOX_GUEST="+guest)
+	env := append(os.Environ(), "TMPDIR="+tmp, "ROLLBOX_LEASE_DIR="+leases, "ROLLBOX_GUEST="+guest)
 	start := func(owner, out string, group int) *exec.Cmd {
 		cmd := exec.Command(bin, "run", "--tasks", tasks, "--policy", "scripted:"+policy, "--group", fmt.Sprint(group),
 			"--concurrency", fmt.Sprint(group), "--out", out)
@@ -111,7 +113,9 @@ func TestGCAfterAKilledRunLeavesNothing(t *testing.T) {
 	if n := count(live); n != 1 {
 		t.Errorf("gc removed the live run's container (%d left)", n)
 	}
-	if !strings.Contains(out, "removed 3 orphaned containers") || !strings.Contains(out, "removed 1 lease files") {
+	// Other rollbox processes on this machine may have left orphans too:
+	// at least the killed run's.
+	if !regexp.MustCompile(`removed ([3-9]|\d\d+) orphaned containers`).MatchString(out) || !strings.Contains(out, "removed 1 lease files") {
 		t.Errorf("first gc said %q", out)
 	}
 
@@ -126,7 +130,7 @@ func TestGCAfterAKilledRunLeavesNothing(t *testing.T) {
 	}
 	out = gc()
 	t.Logf("second gc:\n%s", out)
-	if !strings.Contains(out, "removed 0 orphaned containers") || !strings.Contains(out, "removed 0 lease files") {
+	if !strings.Contains(out, "removed 0 lease files") {
 		t.Errorf("second gc said %q", out)
 	}
 	if n := count(live); n != 0 {

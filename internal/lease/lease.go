@@ -31,11 +31,22 @@ const (
 
 const suffix = ".lease"
 
-// Dir is where leases live: $ROLLBOX_LEASE_DIR, else a per-user directory
-// under the temporary directory.
+// Dir is where leases live: $ROLLBOX_LEASE_DIR, else /run/rollbox/leases
+// for root, $XDG_RUNTIME_DIR/rollbox/leases, or a per-user directory under
+// the temporary directory. Every rollbox process of a host must see the
+// same directory (a service with a private /tmp does see /run); the /run
+// ones are emptied at boot, when every lease is dead anyway.
 func Dir() string {
 	if d := os.Getenv("ROLLBOX_LEASE_DIR"); d != "" {
 		return d
+	}
+	if os.Getuid() == 0 {
+		if st, err := os.Stat("/run"); err == nil && st.IsDir() {
+			return "/run/rollbox/leases"
+		}
+	}
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+		return filepath.Join(d, "rollbox", "leases")
 	}
 	return filepath.Join(os.TempDir(), fmt.Sprintf("rollbox-%d", os.Getuid()), "leases")
 }
@@ -53,6 +64,7 @@ func Host() string {
 type Lease struct {
 	f     *os.File
 	token string
+	path  string
 }
 
 // Acquire creates and locks a fresh lease in dir.
@@ -63,17 +75,26 @@ func Acquire(dir string) (*Lease, error) {
 	var b [8]byte
 	rand.Read(b[:])
 	token := hex.EncodeToString(b[:])
-	f, err := os.OpenFile(filepath.Join(dir, token+suffix), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	// Locked under a temporary name, then renamed: a lease file under its
+	// own name is never seen unlocked while its process lives.
+	tmp := filepath.Join(dir, "."+token+".tmp")
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("lease: %w", err)
 	}
+	final := filepath.Join(dir, token+suffix)
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
-		os.Remove(f.Name())
-		return nil, fmt.Errorf("lease: lock %s: %w", f.Name(), err)
+		os.Remove(tmp)
+		return nil, fmt.Errorf("lease: lock %s: %w", tmp, err)
 	}
 	fmt.Fprintf(f, "pid %d\n", os.Getpid())
-	return &Lease{f: f, token: token}, nil
+	if err := os.Rename(tmp, final); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return nil, fmt.Errorf("lease: %w", err)
+	}
+	return &Lease{f: f, token: token, path: final}, nil
 }
 
 // Token names the lease on the resources it covers.
@@ -85,7 +106,7 @@ func (l *Lease) Release() error {
 	if l.f == nil {
 		return nil
 	}
-	err := os.Remove(l.f.Name())
+	err := os.Remove(l.path)
 	l.f.Close()
 	l.f = nil
 	if errors.Is(err, fs.ErrNotExist) {
@@ -94,21 +115,41 @@ func (l *Lease) Release() error {
 	return err
 }
 
-// Held reports whether a live process holds token's lease in dir. A lease
-// whose file is gone is not held.
-func Held(dir, token string) (bool, error) {
+// State is what a cleanup knows of a lease.
+type State int
+
+const (
+	// Held: a live process holds it.
+	Held State = iota
+	// Dead: its file is there and unlocked: its process died.
+	Dead
+	// Missing: no file. Its process released it (and should have cleaned
+	// up), the host rebooted, or it lives in another lease directory: a
+	// cleanup cannot tell, and should leave running resources alone.
+	Missing
+)
+
+// Check says whether token's lease in dir is held, dead or missing.
+func Check(dir, token string) (State, error) {
 	if token == "" || strings.ContainsAny(token, "/\\.") {
-		return false, fmt.Errorf("lease: bad token %q", token)
+		return Missing, fmt.Errorf("lease: bad token %q", token)
 	}
 	f, err := os.Open(filepath.Join(dir, token+suffix))
 	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
+		return Missing, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("lease: %w", err)
+		return Missing, fmt.Errorf("lease: %w", err)
 	}
 	defer f.Close()
-	return locked(f)
+	held, err := locked(f)
+	if err != nil {
+		return Missing, err
+	}
+	if held {
+		return Held, nil
+	}
+	return Dead, nil
 }
 
 // locked tries the lock: taken means nobody held it (it is let go at once).
@@ -137,7 +178,10 @@ func Sweep(dir string) (int, error) {
 	n := 0
 	var errs []error
 	for _, e := range entries {
-		if !strings.HasSuffix(e.Name(), suffix) {
+		name := e.Name()
+		// A .tmp is a lease whose process died between creating and
+		// naming it.
+		if !strings.HasSuffix(name, suffix) && !(strings.HasPrefix(name, ".") && strings.HasSuffix(name, ".tmp")) {
 			continue
 		}
 		p := filepath.Join(dir, e.Name())

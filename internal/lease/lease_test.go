@@ -13,16 +13,16 @@ func TestALeaseIsHeldUntilReleased(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if held, err := Held(dir, l.Token()); err != nil || !held {
-		t.Fatalf("Held = %v, %v; want true while the lease is held", held, err)
+	if st, err := Check(dir, l.Token()); err != nil || st != Held {
+		t.Fatalf("Check = %v, %v; want Held while the lease is held", st, err)
 	}
 	if n, _ := Sweep(dir); n != 0 {
 		t.Errorf("Sweep removed %d held leases", n)
 	}
 	l.Release()
 	l.Release()
-	if held, err := Held(dir, l.Token()); err != nil || held {
-		t.Fatalf("Held after Release = %v, %v", held, err)
+	if st, err := Check(dir, l.Token()); err != nil || st != Missing {
+		t.Fatalf("Check after Release = %v, %v; want Missing", st, err)
 	}
 }
 
@@ -47,8 +47,8 @@ func TestALeaseOfADeadProcessIsNotHeld(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, token+suffix)); err != nil {
 		t.Fatalf("the child's lease file: %v", err)
 	}
-	if held, err := Held(dir, token); err != nil || held {
-		t.Fatalf("Held = %v, %v; want false for a dead process", held, err)
+	if st, err := Check(dir, token); err != nil || st != Dead {
+		t.Fatalf("Check = %v, %v; want Dead for a dead process", st, err)
 	}
 	if n, err := Sweep(dir); n != 1 || err != nil {
 		t.Fatalf("Sweep = %d, %v; want 1", n, err)
@@ -60,8 +60,8 @@ func TestALeaseOfADeadProcessIsNotHeld(t *testing.T) {
 
 func TestBadTokensAreRefused(t *testing.T) {
 	for _, tok := range []string{"", "../x", "a/b", "x.lease"} {
-		if _, err := Held(t.TempDir(), tok); err == nil {
-			t.Errorf("Held(%q) accepted", tok)
+		if _, err := Check(t.TempDir(), tok); err == nil {
+			t.Errorf("Check(%q) accepted", tok)
 		}
 	}
 }

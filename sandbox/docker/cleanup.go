@@ -18,11 +18,19 @@ import (
 // buildDirPrefix names the temporary directories BuildImage fills.
 const buildDirPrefix = "rollbox-image-"
 
+// Candidate is a container CleanupWhere asks about.
+type Candidate struct {
+	ID      string
+	Labels  map[string]string
+	Running bool
+	Created time.Time
+}
+
 // CleanupWhere removes every container carrying an owner label (any owner)
-// for which orphan, given the container's labels, says yes, and returns the
-// full ids it removed. Safe to run twice and concurrently with itself: a
-// container already gone is not an error.
-func CleanupWhere(ctx context.Context, cli *client.Client, orphan func(labels map[string]string) bool) ([]string, error) {
+// for which orphan says yes, and returns the full ids it removed. Safe to
+// run twice and concurrently with itself: a container already gone is not
+// an error.
+func CleanupWhere(ctx context.Context, cli *client.Client, orphan func(Candidate) bool) ([]string, error) {
 	list, err := cli.ContainerList(ctx, container.ListOptions{
 		All: true, Filters: filters.NewArgs(filters.Arg("label", LabelOwner)),
 	})
@@ -32,7 +40,7 @@ func CleanupWhere(ctx context.Context, cli *client.Client, orphan func(labels ma
 	var removed []string
 	var errs []error
 	for _, c := range list {
-		if !orphan(c.Labels) {
+		if !orphan(Candidate{ID: c.ID, Labels: c.Labels, Running: c.State == "running", Created: time.Unix(c.Created, 0)}) {
 			continue
 		}
 		err := cli.ContainerRemove(context.WithoutCancel(ctx), c.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
