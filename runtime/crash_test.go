@@ -20,7 +20,7 @@ import (
 func TestHelperService(t *testing.T) {
 	dir := os.Getenv("ROLLBOX_HELPER_DATA")
 	if dir == "" {
-		t.Skip("a helper process for the crash test")
+		return // only a child process of the crash test serves (the os/exec tests' idiom)
 	}
 	s := startService(t, dir, func(o *runtime.Options) { o.Limits.MaxRunning = 1 })
 	fmt.Printf("listening %s\n", s.url)
