@@ -34,7 +34,7 @@ type Container struct {
 	hijack types.HijackedResponse
 	demux  chan struct{}  // closed when the attach stream has ended
 	pr     *io.PipeReader // the guest's stdout, demultiplexed; read by guest
-	log    *tailBuffer    // the guest's stderr
+	log    *guestLog      // the guest's stderr
 
 	closeOnce sync.Once
 	closeErr  error
@@ -45,7 +45,7 @@ type Container struct {
 
 func newContainer(b *Backend, id string, spec sandbox.Spec, ref, imageID string) *Container {
 	return &Container{
-		b: b, id: id, spec: spec, demux: make(chan struct{}), log: &tailBuffer{max: 8 << 10},
+		b: b, id: id, spec: spec, demux: make(chan struct{}), log: newGuestLog(guestLogBytes),
 		info: sandbox.Info{
 			ID: id[:12], Backend: "docker", Image: ref, ImageDigest: imageID, Runtime: spec.Runtime,
 			Network: spec.Network, Limits: spec.Limits, Workdir: spec.Workdir,
@@ -340,25 +340,32 @@ func (c *Container) Close() error {
 	return c.closeErr
 }
 
-// tailBuffer keeps the last max bytes written to it: the guest's log.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	buf []byte
+// guestLogBytes bounds what a sandbox keeps of its guest's stderr: half
+// from the start, half from the end.
+const guestLogBytes = 16 << 10
+
+// guestLog keeps the head and the tail of the guest's stderr. A Go crash
+// names its cause on its first lines ("fatal error: ...", "panic: ...") and
+// then dumps every goroutine, often far more than the cap: a tail alone
+// would keep the stacks and lose the cause.
+type guestLog struct {
+	limit int
+	c     *sandbox.Capture
 }
 
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf = append(t.buf, p...)
-	if len(t.buf) > t.max {
-		t.buf = append(t.buf[:0], t.buf[len(t.buf)-t.max:]...)
+func newGuestLog(limit int) *guestLog {
+	return &guestLog{limit: limit, c: sandbox.NewCapture(limit)}
+}
+
+func (l *guestLog) Write(p []byte) (int, error) { return l.c.Write(p) }
+
+// String is the kept log, with what was left out of its middle marked.
+func (l *guestLog) String() string {
+	b := l.c.Bytes()
+	dropped := l.c.Dropped()
+	if dropped == 0 {
+		return string(b)
 	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.buf)
+	head := l.limit - l.limit/2 // sandbox.NewCapture's split
+	return fmt.Sprintf("%s\n[... %d bytes of the guest's log left out ...]\n%s", b[:head], dropped, b[head:])
 }
