@@ -25,6 +25,9 @@ type backendOptions struct {
 	// auditLog is the audit log file (--audit-log); "" means
 	// $ROLLBOX_AUDIT_LOG, and no log when that is unset too.
 	auditLog string
+	// warmGuests builds and compiles the WASM guest programs as the backend
+	// opens (run and serve), so no episode pays for a first-use compile.
+	warmGuests bool
 }
 
 func openBackendWith(ctx context.Context, name string, progress io.Writer, o backendOptions) (sandbox.Backend, error) {
@@ -33,6 +36,13 @@ func openBackendWith(ctx context.Context, name string, progress io.Writer, o bac
 	switch name {
 	case "wasm":
 		be, err = openWASM(ctx, progress)
+		if w, ok := be.(interface {
+			Warm(context.Context, ...string) error
+		}); ok && err == nil && o.warmGuests {
+			if err = w.Warm(ctx, "python", "js"); err != nil {
+				be.Close()
+			}
+		}
 	case "docker":
 		be, err = openDocker(ctx, progress)
 	default:

@@ -139,8 +139,13 @@ type backendSet struct {
 	errs     map[string]error
 }
 
+// newBackendSet opens backends for episodes: the WASM guests are built and
+// compiled when the backend opens, not inside an episode's first command,
+// where a first-use compile (seconds) would count against the model's
+// exec timeout.
 func newBackendSet(progress io.Writer) *backendSet {
-	return &backendSet{progress: progress, open: map[string]sandbox.Backend{}, errs: map[string]error{}}
+	return &backendSet{progress: progress, open: map[string]sandbox.Backend{}, errs: map[string]error{},
+		opts: backendOptions{warmGuests: true}}
 }
 
 func (b *backendSet) get(ctx context.Context, name string) (sandbox.Backend, error) {
