@@ -13,7 +13,7 @@ import (
 
 func main() {
 	if os.Getpid() == 1 {
-		guest.PrepareInit(16)
+		guest.PrepareInit()
 	}
 	if err := guest.Serve(os.Stdin, os.Stdout, os.Stderr); err != nil {
 		os.Exit(1)

@@ -29,6 +29,13 @@ const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 // when the host cancels the request or the guest shuts down: the command is
 // killed as on a timeout.
 func (s *Server) run(ctx context.Context, req *guestproto.Exec) (*guestproto.ExecResult, error) {
+	s.enter() // until the command has started
+	started := false
+	defer func() {
+		if !started {
+			s.leave()
+		}
+	}()
 	argv := req.Argv
 	if req.Shell != "" {
 		if len(argv) > 0 {
@@ -114,6 +121,8 @@ func (s *Server) run(ctx context.Context, req *guestproto.Exec) (*guestproto.Exe
 	cmd := &command{pid: pid}
 	s.guardAdd(cmd)
 	defer s.guardRemove(cmd)
+	started = true
+	s.leave()
 
 	if stdinW != nil {
 		go func() { // ends when the data is written or the child is gone
@@ -166,7 +175,7 @@ wait:
 			break wait
 		case <-deadline.C:
 			res.TimedOut = true
-			s.procs.killSession(pid)
+			s.killSession(pid)
 		case <-idle:
 			since := time.Since(time.Unix(0, lastOutput.Load()))
 			if since < req.IdleTimeout {
@@ -174,17 +183,19 @@ wait:
 				continue
 			}
 			res.TimedOut, res.IdleTimedOut = true, true
-			s.procs.killSession(pid)
+			s.killSession(pid)
 			idle = nil
 		case <-ctx.Done():
-			s.procs.killSession(pid)
+			s.killSession(pid)
 			ctx = context.Background() // killed once; now wait for the status
 		}
 	}
 	// The command is over: nothing it started may outlive it, and its pipes
 	// must reach EOF.
+	s.enter()
 	s.procs.ended(pid)
 	s.procs.sweep()
+	s.leave()
 	drained := make(chan struct{})
 	go func() { readers.Wait(); close(drained) }()
 	select {
@@ -194,9 +205,6 @@ wait:
 		errR.SetReadDeadline(time.Now())
 		<-drained
 	}
-	outR.Close()
-	errR.Close()
-
 	switch {
 	case ws.Signaled():
 		sig := ws.Signal()
@@ -206,10 +214,22 @@ wait:
 		res.ExitCode = ws.ExitStatus()
 	}
 	killed := (ws.Signaled() && ws.Signal() == syscall.SIGKILL) || res.ExitCode == 128+int(syscall.SIGKILL)
+	s.enter()
+	outR.Close()
+	errR.Close()
 	if cmd.oomKilled.Load() || (killed && !res.TimedOut && s.oom.count() > oomBefore) {
 		res.OOMKilled = true
 	}
+	s.leave()
 	return finish(), nil
+}
+
+// killSession kills a command's session, in a request slot: it reads the
+// whole of /proc.
+func (s *Server) killSession(sid int) {
+	s.enter()
+	s.procs.killSession(sid)
+	s.leave()
 }
 
 // command is a running command, as the memory guard sees it.

@@ -28,6 +28,9 @@ type Server struct {
 	procs  *procs
 	oom    oomCounter
 	wg     sync.WaitGroup
+	// slots bounds the requests that may be in system calls at once
+	// (requestSlots): each holds the thread it blocks, see PrepareInit.
+	slots chan struct{}
 
 	mu           sync.Mutex
 	key          []byte // seals every reply once Hello gave one
@@ -52,6 +55,7 @@ func Serve(r io.Reader, w io.Writer, logw io.Writer) error {
 		oom:     newOOMCounter(),
 		running: map[uint32]context.CancelFunc{},
 		guarded: map[*command]bool{},
+		slots:   make(chan struct{}, requestSlots),
 	}
 	rd := guestproto.NewReader(r)
 	var err error
@@ -71,6 +75,14 @@ func Serve(r io.Reader, w io.Writer, logw io.Writer) error {
 	s.log.Printf("stream: %v", err)
 	return err
 }
+
+// requestSlots is how many requests may be in system calls at once. A
+// request holds a slot while it works (a file request throughout, a
+// command while it starts, is killed and is swept) and not while it waits.
+const requestSlots = 8
+
+func (s *Server) enter() { s.slots <- struct{}{} }
+func (s *Server) leave() { <-s.slots }
 
 func (s *Server) roots() []string {
 	s.mu.Lock()
@@ -129,29 +141,35 @@ func (s *Server) dispatch(m guestproto.Message) {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		switch req := body.(type) {
-		case *guestproto.ReadFile:
-			if data, e := s.readFile(req); e != nil {
-				s.reply(m.ID, guestproto.TypeError, e)
-			} else {
-				s.reply(m.ID, guestproto.TypeFileData, data)
-			}
-		case *guestproto.WriteFile:
-			if e := s.writeFile(req); e != nil {
-				s.reply(m.ID, guestproto.TypeError, e)
-			} else {
-				s.reply(m.ID, guestproto.TypeOK, nil)
-			}
-		case *guestproto.ListDir:
-			if list, e := s.listDir(req); e != nil {
-				s.reply(m.ID, guestproto.TypeError, e)
-			} else {
-				s.reply(m.ID, guestproto.TypeDirList, list)
-			}
-		default:
-			s.reply(m.ID, guestproto.TypeError, invalid(fmt.Sprintf("%s is not a request", m.Type)))
-		}
+		s.enter()
+		t, reply := s.fileRequest(m.Type, body)
+		s.leave()
+		s.reply(m.ID, t, reply)
 	}()
+}
+
+// fileRequest serves a file request (or refuses what is not a request).
+func (s *Server) fileRequest(t guestproto.Type, body guestproto.Payload) (guestproto.Type, guestproto.Payload) {
+	switch req := body.(type) {
+	case *guestproto.ReadFile:
+		data, e := s.readFile(req)
+		if e != nil {
+			return guestproto.TypeError, e
+		}
+		return guestproto.TypeFileData, data
+	case *guestproto.WriteFile:
+		if e := s.writeFile(req); e != nil {
+			return guestproto.TypeError, e
+		}
+		return guestproto.TypeOK, nil
+	case *guestproto.ListDir:
+		list, e := s.listDir(req)
+		if e != nil {
+			return guestproto.TypeError, e
+		}
+		return guestproto.TypeDirList, list
+	}
+	return guestproto.TypeError, invalid(fmt.Sprintf("%s is not a request", t))
 }
 
 func (s *Server) hello(id uint32, h *guestproto.Hello) {
@@ -228,13 +246,21 @@ func (s *Server) reply(id uint32, t guestproto.Type, body guestproto.Payload) {
 const rlimitNproc = 6 // RLIMIT_NPROC
 
 // PrepareInit readies the process to be a container's PID 1 before it
-// serves: it makes sure the Go runtime holds a few OS threads already (a
-// fork bomb that fills the pids limit must not leave the guest unable to
-// start one), drops every signal a command could send to kill it, and
-// makes itself non-dumpable so commands cannot reach it through /proc or
-// ptrace.
+// serves: it makes the Go runtime start every OS thread it will need now
+// (see reserveThreads), drops every signal a command could send to kill
+// it, and makes itself non-dumpable so commands cannot reach it through
+// /proc or ptrace.
 //
 // # Notes
+//
+// The guest shares the container's pids limit with the commands. When the
+// runtime wants a thread and the limit is full (a fork bomb, or a command
+// that started as many processes as it may), clone fails and the runtime
+// dies with "fatal error: newosproc": the sandbox fails. So the runtime
+// must never need a thread it does not hold: GOMAXPROCS is capped at
+// guestProcs, at most requestSlots requests are in system calls at once,
+// and initThreads covers those plus the guest's own blocked goroutines
+// (see reserveThreads).
 //
 // Commands run as the guest's own uid, so without this a command could
 // `kill -TERM 1` (Go exits on SIGTERM, SIGINT, SIGQUIT and on a SIGSEGV,
@@ -245,20 +271,9 @@ const rlimitNproc = 6 // RLIMIT_NPROC
 // last two let it forge results. A non-dumpable process's /proc entries
 // belong to root and only CAP_SYS_PTRACE may trace it; commands get their
 // dumpable flag back at execve, so they can still debug each other.
-func PrepareInit(threads int) {
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for range threads {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			runtime.LockOSThread()
-			<-start
-			runtime.UnlockOSThread()
-		}()
-	}
-	close(start)
-	wg.Wait()
+func PrepareInit() {
+	runtime.GOMAXPROCS(min(runtime.GOMAXPROCS(0), guestProcs))
+	reserveThreads(initThreads)
 	// SIGPIPE on stdout (the host went away) must not kill PID 1 silently;
 	// writes then fail with EPIPE and Serve ends.
 	signalIgnore(syscall.SIGPIPE, syscall.SIGHUP)
@@ -279,3 +294,46 @@ func PrepareInit(threads int) {
 }
 
 const prSetDumpable = 4 // PR_SET_DUMPABLE
+
+// initThreads is how many OS threads PID 1 starts before it serves: one
+// per P (guestProcs), one per request slot (requestSlots), one for each
+// goroutine of the guest's own that blocks its thread (the reader of stdin,
+// the writer of replies, the reaper, the memory guard, the logger, the
+// runtime's signal loop and its network poller), and a margin. With the
+// runtime's own (sysmon, the template thread) it stays within the 32 the
+// docker backend allows the guest above the spec's pids limit
+// (docker.guestThreads).
+const initThreads = guestProcs + requestSlots + 7 + 4
+
+// guestProcs caps GOMAXPROCS for PID 1: the guest moves bytes between
+// pipes and the host, and every P is a thread it may need at once.
+const guestProcs = 2
+
+// reserveThreads makes the Go runtime hold at least n OS threads. The
+// runtime keeps an idle thread for reuse and only creates one when none is
+// idle, so once n exist, a process that never needs more than n at once
+// never creates another.
+//
+// Each of n goroutines locks its thread and waits until all n are locked:
+// only then are n threads known to exist at once. (Releasing them as soon
+// as they were started let each finish before the next one ran, on the
+// same thread or two: a guest that asked for 16 held 8 to 10, needed an
+// eleventh under a fork bomb, and died.)
+func reserveThreads(n int) {
+	var locked, done sync.WaitGroup
+	release := make(chan struct{})
+	for range n {
+		locked.Add(1)
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			runtime.LockOSThread()
+			locked.Done()
+			<-release // blocks this thread: the next goroutine needs another
+			runtime.UnlockOSThread()
+		}()
+	}
+	locked.Wait()
+	close(release)
+	done.Wait()
+}
