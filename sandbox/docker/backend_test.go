@@ -3,6 +3,7 @@ package docker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -253,6 +254,98 @@ trap 'echo caught' TERM; kill -TERM $$; echo signals-sent`})
 				if strings.Contains(string(res.Stdout), "wrote") {
 					t.Errorf("a command wrote into the guest's stream under runc")
 				}
+			}
+		})
+	}
+}
+
+// The guest shares the pids limit with the commands: a Go runtime that
+// wants one more thread when a command has filled the limit dies ("fatal
+// error: newosproc"), and the sandbox with it. Concurrent requests while
+// the table is full are what make it want threads.
+func TestTheGuestAnswersConcurrentRequestsWhileACommandFillsThePidsLimit(t *testing.T) {
+	for _, rt := range []string{sandbox.RuntimeRunc, sandbox.RuntimeRunsc} {
+		t.Run(rt, func(t *testing.T) {
+			t.Parallel()
+			b := need(t)
+			ctx := context.Background()
+			sb, err := b.Create(ctx, sandbox.Spec{Image: "base", Runtime: rt, Limits: sandbox.Limits{PIDs: 64}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sb.Close()
+			type result struct {
+				res sandbox.Result
+				err error
+			}
+			filler := make(chan result, 1)
+			go func() {
+				// The inner shell starts sleeps until a fork fails; the outer
+				// one then spins without forking, holding the table full.
+				res, err := sb.Exec(ctx, sandbox.ExecRequest{
+					Shell:   `sh -c 'while :; do sleep 100 & done' 2>/dev/null; echo filled; while :; do :; done`,
+					Timeout: 6 * time.Second,
+				})
+				filler <- result{res, err}
+			}()
+			full := false
+			for deadline := time.Now().Add(5 * time.Second); !full && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+				fis, err := sb.ListFiles(ctx, "/proc")
+				if err != nil {
+					t.Fatalf("listing /proc while the table fills: %v", err)
+				}
+				procs := 0
+				for _, fi := range fis {
+					if fi.Name[0] >= '0' && fi.Name[0] <= '9' {
+						procs++
+					}
+				}
+				full = procs >= 48
+			}
+			if !full {
+				t.Fatal("the command did not fill the pids limit in 5s")
+			}
+			var wg sync.WaitGroup
+			errs := make(chan error, 400)
+			for i := range 400 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var err error
+					switch i % 4 {
+					case 0:
+						_, err = sb.ReadFile(ctx, "/etc/passwd", 0)
+					case 1:
+						_, err = sb.ListFiles(ctx, "/etc")
+					case 2:
+						err = sb.WriteFile(ctx, fmt.Sprintf("/tmp/f%d", i), []byte("x"), 0o644)
+					case 3:
+						if i%40 == 3 { // cannot fork: retried, then exit 126
+							_, err = sb.Exec(ctx, sandbox.ExecRequest{Shell: "true"})
+						} else {
+							_, err = sb.ReadFile(ctx, "/work/nope", 0)
+							if errors.Is(err, sandbox.ErrNotFound) {
+								err = nil
+							}
+						}
+					}
+					if err != nil {
+						errs <- err
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Errorf("a request while the pids limit was full: %v", err)
+			}
+			r := <-filler
+			if r.err != nil || !r.res.TimedOut || string(r.res.Stdout) != "filled\n" {
+				t.Fatalf("the command that filled the limit: %+v %v", r.res, r.err)
+			}
+			res, err := sb.Exec(ctx, sandbox.ExecRequest{Shell: "echo alive"})
+			if err != nil || string(res.Stdout) != "alive\n" {
+				t.Fatalf("after the pids limit was full: %q %v", res.Stdout, err)
 			}
 		})
 	}
