@@ -249,3 +249,62 @@ func TestFilesStayBeneathTheirRoot(t *testing.T) {
 		t.Errorf("list = %s", got)
 	}
 }
+
+// Execs, cancels, timeouts and file requests at once, far more than the
+// guest's request slots: each ends, none is stranded, and the guest still
+// answers.
+func TestConcurrentExecsCancelsTimeoutsAndFilesHammer(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, 400)
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := filepath.Join(h.root, fmt.Sprintf("d%d/f", i%7))
+			var err error
+			switch i % 5 {
+			case 0:
+				_, err = h.c.Call(ctx, guestproto.TypeExec, &guestproto.Exec{Shell: fmt.Sprintf("echo %d", i), Env: []string{"PATH=/usr/bin:/bin"}})
+			case 1: // cancelled while it runs
+				cctx, cancel := context.WithTimeout(ctx, time.Duration(i%20)*time.Millisecond)
+				_, err = h.c.Call(cctx, guestproto.TypeExec, &guestproto.Exec{Shell: "sleep 5", Env: []string{"PATH=/usr/bin:/bin"}})
+				cancel()
+				if errors.Is(err, context.DeadlineExceeded) {
+					err = nil
+				}
+			case 2: // killed by its own timeout, with a child
+				_, err = h.c.Call(ctx, guestproto.TypeExec, &guestproto.Exec{Shell: "sleep 5 & sleep 5", Timeout: 30 * time.Millisecond, Env: []string{"PATH=/usr/bin:/bin"}})
+			case 3:
+				_, err = h.c.Call(ctx, guestproto.TypeWriteFile, &guestproto.WriteFile{Path: p, Data: []byte("x")})
+			case 4:
+				_, err = h.c.Call(ctx, guestproto.TypeReadFile, &guestproto.ReadFile{Path: p})
+				var e *guestproto.Error
+				if errors.As(err, &e) && e.Code == guestproto.CodeNotFound {
+					err = nil // not written yet
+				}
+				if err == nil {
+					_, err = h.c.Call(ctx, guestproto.TypeListDir, &guestproto.ListDir{Path: h.root})
+				}
+			}
+			if err != nil {
+				errs <- fmt.Errorf("request %d: %w", i, err)
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("requests still unanswered after a minute")
+	}
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if r := h.exec(t, &guestproto.Exec{Shell: "echo alive"}); string(r.Stdout) != "alive\n" {
+		t.Errorf("after the hammer: %q", r.Stdout)
+	}
+}
