@@ -275,8 +275,10 @@ func PrepareInit() {
 	runtime.GOMAXPROCS(min(runtime.GOMAXPROCS(0), guestProcs))
 	reserveThreads(initThreads)
 	// SIGPIPE on stdout (the host went away) must not kill PID 1 silently;
-	// writes then fail with EPIPE and Serve ends.
-	signalIgnore(syscall.SIGPIPE, syscall.SIGHUP)
+	// writes then fail with EPIPE and Serve ends. Caught, not ignored: an
+	// ignored SIGPIPE would be inherited by every command, and `yes | head`
+	// would fail with EPIPE instead of ending the way it does elsewhere.
+	signalDiscard(syscall.SIGPIPE, syscall.SIGHUP)
 	// The rest are what a command could send to kill PID 1 through the Go
 	// runtime's default actions. They are caught and dropped rather than
 	// ignored: an ignored disposition would be inherited by every command

@@ -7,7 +7,6 @@ import (
 	"os/signal"
 )
 
-func signalIgnore(sigs ...os.Signal) { signal.Ignore(sigs...) }
 
 // signalDiscard catches sigs and drops them, for the life of the process.
 func signalDiscard(sigs ...os.Signal) {

@@ -249,6 +249,15 @@ trap 'echo caught' TERM; kill -TERM $$; echo signals-sent`})
 			if err != nil || strings.Contains(string(res.Stdout), "reachable") {
 				t.Errorf("the guest's /proc entries: %q %v", res.Stdout, err)
 			}
+			// Commands start with default dispositions: nothing the guest
+			// ignores or catches is inherited (a SIGPIPE-proof `yes` would
+			// fail with EPIPE instead of ending as it does elsewhere).
+			res, err = sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"grep", "SigIgn", "/proc/self/status"}})
+			if rt == sandbox.RuntimeRunsc && len(res.Stdout) == 0 {
+				// gVisor's /proc/PID/status has no SigIgn line.
+			} else if err != nil || strings.TrimSpace(string(res.Stdout)) != "SigIgn:\t0000000000000000" {
+				t.Errorf("a command's ignored signals: %q %v", res.Stdout, err)
+			}
 			if rt == sandbox.RuntimeRunc {
 				res, _ := sb.Exec(ctx, sandbox.ExecRequest{Shell: "echo garbage > /proc/1/fd/1 && echo wrote"})
 				if strings.Contains(string(res.Stdout), "wrote") {
