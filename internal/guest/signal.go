@@ -7,7 +7,6 @@ import (
 	"os/signal"
 )
 
-
 // signalDiscard catches sigs and drops them, for the life of the process.
 func signalDiscard(sigs ...os.Signal) {
 	c := make(chan os.Signal, 16)
