@@ -53,7 +53,7 @@ func commands() map[string]command {
 	return map[string]command{
 		"version": {"print the version", runVersion},
 		"exec":    {"run one command in a fresh hardened sandbox", runExec},
-		"images":  {"build or list the container images (rollbox images build [NAME...] | list)", runImages},
+		"images":  {"build the images (container recipes base, python; wasm guests; the guest agent) or list them (rollbox images build [NAME...] | list)", runImages},
 		"gc":      {"remove what crashed rollbox processes left: containers, mounts, temp dirs, leases", runGC},
 		"audit":   {"prove a sandbox configuration's isolation with probes; verify-log checks an audit log", runAudit},
 		"index":   {"build, inspect or query a search index (rollbox index build --corpus FILE --out DIR)", runIndex},
