@@ -154,6 +154,8 @@ type execPrograms struct {
 	b        *Backend
 	sb       *Sandbox
 	memLimit uint64
+	// clock does not count the wait for an instance slot.
+	clock *execClock
 
 	mu   sync.Mutex
 	trap string
@@ -199,9 +201,13 @@ func (e *execPrograms) Run(ctx context.Context, p shell.Proc) (int, error) {
 			name = "python3"
 		}
 	}
-	if err := e.b.acquireInstance(ctx); err != nil {
+	e.clock.waitStart()
+	err = e.b.acquireInstance(ctx)
+	e.clock.waitEnd(err == nil)
+	if err != nil {
 		return 0, err
 	}
+	defer e.clock.runEnd()
 	defer e.b.releaseInstance()
 
 	fsc := wazero.NewFSConfig().(sysfs.FSConfig).WithSysFSMount(e.sb.fs.SysFS(), "/")

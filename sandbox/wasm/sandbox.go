@@ -115,8 +115,8 @@ func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Re
 		return sandbox.Result{}, err
 	}
 	defer s.end(st)
-	timer := time.AfterFunc(timeout, func() { cancel(errTimeout) })
-	defer timer.Stop()
+	clock := newExecClock(timeout, func() { cancel(errTimeout) })
+	defer clock.stop()
 
 	dir := req.Workdir
 	if dir == "" {
@@ -169,12 +169,15 @@ func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Re
 	}
 	defer closeStdin()
 
-	if err := acquire(ectx, s.b.shells); err != nil {
+	clock.waitStart()
+	err = acquire(ectx, s.b.shells)
+	clock.waitEnd(false) // the shell itself holds no instance slot
+	if err != nil {
 		return s.stopped(ctx, ectx, start, stdout, stderr)
 	}
 	defer func() { <-s.b.shells }()
 
-	progs := &execPrograms{b: s.b, sb: s, memLimit: uint64(s.spec.Limits.MemoryMB) << 20}
+	progs := &execPrograms{b: s.b, sb: s, memLimit: uint64(s.spec.Limits.MemoryMB) << 20, clock: clock}
 	cfg := shell.Config{
 		FS: s.fs, Env: env, Dir: dir, Stdin: stdin, Stdout: out, Stderr: errw,
 		Limits:  shell.Limits{MemoryBytes: int64(s.spec.Limits.MemoryMB) << 20, Jobs: s.spec.Limits.PIDs},
