@@ -163,6 +163,15 @@ int main(int argc, char **argv) {
 		return 0;
 	}
 	char buf[256];
+	if (argc > 1 && strcmp(argv[1], "seek") == 0) {
+		FILE *f = fopen("/work/in.txt", "r");
+		if (!f || fseek(f, 2, SEEK_SET) != 0) { perror("fseek"); return 1; }
+		long at = ftell(f);
+		if (!fgets(buf, sizeof buf, f)) return 1;
+		fseek(f, 0, SEEK_END);
+		printf("at %ld: %s" "size %ld\n", at, buf, ftell(f));
+		return 0;
+	}
 	FILE *f = fopen("/work/in.txt", "r");
 	if (f && fgets(buf, sizeof buf, f)) { printf("read: %s", buf); fclose(f); }
 	f = fopen("/work/from-c.txt", "w"); if (f) { fputs("written by C\n", f); fclose(f); }
@@ -188,6 +197,12 @@ func TestUserWASM(t *testing.T) {
 		}
 		if got, err := sb.ReadFile(ctx, "/work/from-c.txt", 0); err != nil || string(got) != "written by C\n" {
 			t.Errorf("from-c.txt = %q, %v", got, err)
+		}
+	})
+	t.Run("a C program seeks in an episode's file", func(t *testing.T) {
+		res := execT(t, sb, sandbox.ExecRequest{Argv: []string{"/work/x.wasm", "seek"}})
+		if res.ExitCode != 0 || string(res.Stdout) != "at 2: eded\nsize 7\n" {
+			t.Errorf("exit %d stdout %q stderr %q", res.ExitCode, res.Stdout, res.Stderr)
 		}
 	})
 	t.Run("a trap is a result with the trap recorded", func(t *testing.T) {
