@@ -152,7 +152,9 @@ type sysFile struct {
 
 // unimplementedFile puts wazero's defaults one level deeper than seeker, so
 // that seeker's Seek is the one promoted.
-type unimplementedFile struct{ experimentalsys.UnimplementedFile }
+type unimplementedFile struct {
+	experimentalsys.UnimplementedFile
+}
 
 // seeker is sysFile's Seek, as wazero's sys.File declares it. Its offset
 // type is a type parameter (always int64) only because vet's stdmethods
