@@ -26,14 +26,17 @@ const PinnedHostname = "sandbox"
 // PinnedEnv is the environment the runtime fixes in every sandbox, so that
 // what a command prints does not depend on the machine, the day or the
 // process: UTC, a UTF-8 C locale, Python's hash seed (set iteration order),
-// and SOURCE_DATE_EPOCH (2024-01-01T00:00:00Z) for tools that stamp a build
-// time. HOME and PATH are fixed by each backend. A task's own sandbox.env
+// SOURCE_DATE_EPOCH (2024-01-01T00:00:00Z) for tools that stamp a build
+// time, and no Python bytecode cache: agents edit a file and rerun within a
+// second, and a cache keyed on mtime (seconds) and size would run the old
+// code. HOME and PATH are fixed by each backend. A task's own sandbox.env
 // wins over these.
 var PinnedEnv = map[string]string{
-	"TZ":                "UTC",
-	"LANG":              "C.UTF-8",
-	"PYTHONHASHSEED":    "0",
-	"SOURCE_DATE_EPOCH": "1704067200",
+	"TZ":                      "UTC",
+	"LANG":                    "C.UTF-8",
+	"PYTHONHASHSEED":          "0",
+	"SOURCE_DATE_EPOCH":       "1704067200",
+	"PYTHONDONTWRITEBYTECODE": "1",
 }
 
 // pins returns what an episode pins: cfg.Pinned as recorded (replay), or

@@ -73,10 +73,13 @@ type Session struct {
 	lastUsage     int64
 	lastUsageMsgs int
 	finish        *tools.Finish
-	seenIDs       []string
-	pruneSizes    []int
-	ended         bool
-	tr            *trajectory.Trajectory
+	// taskFiles are the files the task seeded (path → content), kept for
+	// the verifier to restore protected ones from.
+	taskFiles  map[string][]byte
+	seenIDs    []string
+	pruneSizes []int
+	ended      bool
+	tr         *trajectory.Trajectory
 }
 
 // Open starts an episode: it records the header, creates and seeds the
@@ -123,15 +126,6 @@ func Open(ctx context.Context, cfg Config) (*Session, error) {
 	}
 
 	spec := t.SandboxSpec()
-	// Agents edit a file and rerun within a second; Python's bytecode cache
-	// keys on mtime (seconds) and size, and would run the old code.
-	if _, set := spec.Env["PYTHONDONTWRITEBYTECODE"]; !set {
-		env := map[string]string{"PYTHONDONTWRITEBYTECODE": "1"}
-		for k, v := range spec.Env {
-			env[k] = v
-		}
-		spec.Env = env
-	}
 	applyPins(&spec, rec.Pinned)
 	spec.Labels = map[string]string{"rollbox.episode": cfg.EpisodeID, "rollbox.rollout": cfg.RolloutID}
 	sctx, cancel := context.WithDeadline(ctx, s.deadline)
@@ -152,6 +146,10 @@ func Open(ctx context.Context, cfg Config) (*Session, error) {
 	files, err := t.SeedFiles(info.Workdir)
 	if err != nil {
 		return s, s.end(ctx, trajectory.EndSandboxError, err.Error())
+	}
+	s.taskFiles = make(map[string][]byte, len(files))
+	for _, f := range files {
+		s.taskFiles[f.Path] = f.Data
 	}
 	if err := sandbox.Seed(sctx, sb, files); err != nil {
 		return s, s.endFor(ctx, err, "seed files")
@@ -631,12 +629,8 @@ func (s *Session) end(ctx context.Context, reason, message string) error {
 	}
 	var rw *trajectory.Reward
 	if trajectory.Scored(reason) && s.sb != nil {
-		in := reward.Input{Sandbox: s.sb, Workdir: s.sb.Info().Workdir, TaskFiles: map[string][]byte{},
+		in := reward.Input{Sandbox: s.sb, Workdir: s.sb.Info().Workdir, TaskFiles: s.taskFiles,
 			SeenIDs: s.seenIDs, PruneSizes: s.pruneSizes, VerifierOutputCap: s.task.Limits.MaxStoredOutputBytes}
-		files, _ := s.task.SeedFiles(in.Workdir)
-		for _, f := range files {
-			in.TaskFiles[f.Path] = f.Data
-		}
 		if s.finish != nil {
 			in.Answer, in.IDs = s.finish.Answer, s.finish.IDs
 		}
