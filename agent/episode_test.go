@@ -15,26 +15,11 @@ import (
 	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/sandbox"
-	"github.com/rollbox/rollbox/sandbox/wasm"
+	"github.com/rollbox/rollbox/sandbox/wasm/wasmtest"
 )
 
 // The episode tests run on the real WASM backend: the embedded default.
-var (
-	wasmOnce    sync.Once
-	wasmBackend *wasm.Backend
-	wasmErr     error
-)
-
-func wasmFactory(t *testing.T) agent.SandboxFactory {
-	t.Helper()
-	wasmOnce.Do(func() { wasmBackend, wasmErr = wasm.New(context.Background(), wasm.Options{}) })
-	if wasmErr != nil {
-		t.Fatalf("wasm backend: %v", wasmErr)
-	}
-	return func(ctx context.Context, _ string, spec sandbox.Spec) (sandbox.Sandbox, error) {
-		return wasmBackend.Create(ctx, spec)
-	}
-}
+func wasmFactory(t *testing.T) agent.SandboxFactory { return wasmtest.Factory(t) }
 
 const calcTask = `{"id": "fix-add", "prompt": "The tests in /work fail. Fix the code.",
  "sandbox": {"backend": "wasm"},

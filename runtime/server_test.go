@@ -27,23 +27,15 @@ import (
 	"github.com/rollbox/rollbox/runtime"
 	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/sandbox/wasm"
+	"github.com/rollbox/rollbox/sandbox/wasm/wasmtest"
 )
 
 // The service tests run a real HTTP server over real WASM sandboxes and the
 // fake OpenAI-compatible policy server.
 
-var (
-	wasmOnce    sync.Once
-	wasmBackend *wasm.Backend
-	wasmErr     error
-)
-
 func wasmBackends(t testing.TB) runtime.BackendSource {
 	t.Helper()
-	wasmOnce.Do(func() { wasmBackend, wasmErr = wasm.New(context.Background(), wasm.Options{}) })
-	if wasmErr != nil {
-		t.Fatalf("wasm backend: %v", wasmErr)
-	}
+	wasmBackend := wasmtest.Backend(t)
 	return runtime.BackendFunc(func(_ context.Context, name string) (sandbox.Backend, error) {
 		if name != "wasm" {
 			return nil, fmt.Errorf("backend %q is not available in this test: %w", name, sandbox.ErrEngineUnavailable)

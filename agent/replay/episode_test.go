@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,25 +15,10 @@ import (
 	"github.com/rollbox/rollbox/agent/replay"
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/sandbox"
-	"github.com/rollbox/rollbox/sandbox/wasm"
+	"github.com/rollbox/rollbox/sandbox/wasm/wasmtest"
 )
 
-var (
-	wasmOnce    sync.Once
-	wasmBackend *wasm.Backend
-	wasmErr     error
-)
-
-func wasmFactory(t *testing.T) agent.SandboxFactory {
-	t.Helper()
-	wasmOnce.Do(func() { wasmBackend, wasmErr = wasm.New(context.Background(), wasm.Options{}) })
-	if wasmErr != nil {
-		t.Fatalf("wasm backend: %v", wasmErr)
-	}
-	return func(ctx context.Context, _ string, spec sandbox.Spec) (sandbox.Sandbox, error) {
-		return wasmBackend.Create(ctx, spec)
-	}
-}
+func wasmFactory(t *testing.T) agent.SandboxFactory { return wasmtest.Factory(t) }
 
 const fixTask = `{"id": "fix-add", "prompt": "Fix calc.py.", "sandbox": {"backend": "wasm"},
  "files": {"/work/calc.py": "def add(a, b):\n    return a - b\n",
