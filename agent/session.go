@@ -12,6 +12,7 @@ import (
 
 	"github.com/rollbox/rollbox/agent/reward"
 	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/retriever"
 	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/tools"
 )
@@ -461,7 +462,9 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // EstimateTokens is Rollbox's token estimate when the server reports no
 // usage: one token per 4 bytes of UTF-8, rounded up. It overestimates
 // English prose slightly for BPE tokenizers and underestimates dense code.
-func EstimateTokens(s string) int64 { return int64((len(s) + 3) / 4) }
+// It is the retriever's own, so the context ledger and the episode's
+// budget count alike.
+func EstimateTokens(s string) int64 { return retriever.EstimateTokens(s) }
 
 // messageTokens estimates a message: its text plus 4 tokens of framing.
 func messageTokens(m Message) int64 {

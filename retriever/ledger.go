@@ -6,7 +6,7 @@ import (
 )
 
 // EstimateTokens is Rollbox's token estimate, one token per 4 bytes,
-// rounded up: the same as agent.EstimateTokens, so that the ledger and the
+// rounded up; agent.EstimateTokens calls it, so that the ledger and the
 // episode's context budget count alike.
 func EstimateTokens(s string) int64 { return int64((len(s) + 3) / 4) }
 
