@@ -28,7 +28,7 @@ const calcTask = `{"id": "fix-add", "prompt": "The tests in /work fail. Fix the 
  "reward": {"type": "tests", "command": "cd /work && python test_calc.py", "timeout_s": 60},
  "limits": {"max_turns": 6}}`
 
-func loadTask(t *testing.T, js string) *agent.Task {
+func loadTask(t testing.TB, js string) *agent.Task {
 	t.Helper()
 	tasks, err := agent.ReadTasks(strings.NewReader(strings.Join(strings.Fields(js), " ")), "", nil)
 	if err != nil {

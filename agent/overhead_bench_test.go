@@ -3,12 +3,14 @@ package agent_test
 import (
 	"context"
 	"sort"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/sandbox"
+	"github.com/rollbox/rollbox/sandbox/wasm/wasmtest"
 )
 
 // timedSandbox measures the time spent inside the sandbox.
@@ -69,16 +71,15 @@ func pct(ds []time.Duration, q float64) time.Duration {
 // sandbox's own time subtracted; the baseline is the same `true` called on
 // the sandbox directly, the tool's own work.
 func BenchmarkTurnOverhead(b *testing.B) {
-	t := &testing.T{}
-	factory := wasmFactory(t)
-	task := loadTask(t, `{"id": "overhead", "prompt": "run true", "sandbox": {"backend": "wasm"}, "tools": ["bash", "finish"],
+	factory := wasmtest.Factory(b)
+	task := loadTask(b, `{"id": "overhead", "prompt": "run true", "sandbox": {"backend": "wasm"}, "tools": ["bash", "finish"],
 		"reward": {"type": "exact", "answer": "done"}, "limits": {"max_turns": 200}}`)
 	b.Run("episode-turn", func(b *testing.B) {
 		var all []time.Duration
 		dir := b.TempDir()
 		for i := 0; b.Loop(); i++ {
 			p := &clockPolicy{n: 50}
-			_, err := agent.Run(context.Background(), agent.Config{Task: task, EpisodeID: "e" + itoa(i), Dir: dir, Backend: "wasm", Policy: p,
+			_, err := agent.Run(context.Background(), agent.Config{Task: task, EpisodeID: "e" + strconv.Itoa(i), Dir: dir, Backend: "wasm", Policy: p,
 				NewSandbox: func(ctx context.Context, be string, spec sandbox.Spec) (sandbox.Sandbox, error) {
 					sb, err := factory(ctx, be, spec)
 					p.sb = &timedSandbox{Sandbox: sb}
@@ -109,16 +110,4 @@ func BenchmarkTurnOverhead(b *testing.B) {
 		b.ReportMetric(float64(pct(all, 0.5).Microseconds()), "exec-p50-µs")
 		b.ReportMetric(float64(pct(all, 0.99).Microseconds()), "exec-p99-µs")
 	})
-}
-
-func itoa(i int) string {
-	const digits = "0123456789"
-	if i == 0 {
-		return "0"
-	}
-	var b []byte
-	for ; i > 0; i /= 10 {
-		b = append([]byte{digits[i%10]}, b...)
-	}
-	return string(b)
 }
