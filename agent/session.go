@@ -351,6 +351,9 @@ func (s *Session) runCall(ctx context.Context, call ToolCall) (ToolOutcome, erro
 	if err != nil {
 		kind := trajectory.ErrSandbox
 		msg := err.Error()
+		if sandbox.IsAbuse(err) {
+			kind = trajectory.ErrSandboxAbuse
+		}
 		if cerr := s.deadlineErr(ctx); cerr != nil {
 			kind = trajectory.ErrTimeout
 			msg = cerr.Error()
@@ -573,10 +576,15 @@ func (s *Session) endCtx(ctx context.Context, err error) error {
 	}
 }
 
-// endFor ends the episode for an error from the sandbox (or the context).
+// endFor ends the episode for an error from the sandbox (or the context):
+// sandbox_abuse when the agent's own commands broke the sandbox (scored 0),
+// sandbox_error (unscored) otherwise.
 func (s *Session) endFor(ctx context.Context, err error, what string) error {
 	if cerr := s.deadlineErr(ctx); cerr != nil {
 		return s.endCtx(ctx, cerr)
+	}
+	if sandbox.IsAbuse(err) {
+		return s.end(ctx, trajectory.EndSandboxAbuse, what+": "+err.Error())
 	}
 	return s.end(ctx, trajectory.EndSandboxError, what+": "+err.Error())
 }
@@ -631,17 +639,29 @@ func (s *Session) end(ctx context.Context, reason, message string) error {
 		term.Answer, term.IDs = s.finish.Answer, s.finish.IDs
 	}
 	var rw *trajectory.Reward
-	if trajectory.Scored(reason) && s.sb != nil {
+	switch {
+	case reason == trajectory.EndSandboxAbuse:
+		// The agent broke its own sandbox: a failure, scored 0 without a
+		// verifier (nothing it left can be trusted), never dropped.
+		rw = &trajectory.Reward{Total: 0, Components: map[string]float64{trajectory.AbuseComponent: 0},
+			Details: []string{"the episode's own commands broke its sandbox: " + message}}
+	case trajectory.Scored(reason) && s.sb != nil:
 		in := reward.Input{Sandbox: s.sb, Workdir: s.sb.Info().Workdir, TaskFiles: s.taskFiles,
 			SeenIDs: s.seenIDs, PruneSizes: s.pruneSizes, VerifierOutputCap: s.task.Limits.MaxStoredOutputBytes}
 		if s.finish != nil {
 			in.Answer, in.IDs = s.finish.Answer, s.finish.IDs
 		}
 		r, err := reward.Evaluate(cleanup, s.task.Reward, in)
-		if err != nil {
+		switch {
+		case err != nil && sandbox.IsAbuse(err):
+			term = &trajectory.Termination{Reason: trajectory.EndSandboxAbuse, Step: term.Step, Answer: term.Answer, IDs: term.IDs,
+				Message: fmt.Sprintf("the episode's sandbox, broken by its own commands, could not verify (episode had ended %s): %v", reason, err)}
+			rw = &trajectory.Reward{Total: 0, Components: map[string]float64{trajectory.AbuseComponent: 0},
+				Details: []string{term.Message}}
+		case err != nil:
 			term = &trajectory.Termination{Reason: trajectory.EndSandboxError, Step: term.Step, Answer: term.Answer, IDs: term.IDs,
 				Message: fmt.Sprintf("the sandbox failed while computing the reward (episode had ended %s): %v", reason, err)}
-		} else {
+		default:
 			rw = r
 		}
 	}

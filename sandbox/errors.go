@@ -25,15 +25,31 @@ var (
 	ErrSandboxFailed = errors.New("sandbox failed")
 	// ErrClosed: the sandbox was closed before or during the call.
 	ErrClosed = errors.New("sandbox closed")
+	// ErrSandboxAbuse: the sandbox broke because of what the commands run
+	// in it did — they killed, froze or exhausted the process serving the
+	// sandbox (a container's guest agent, a WASM helper) or garbled its
+	// stream. It is the agent's doing, not the infrastructure's: IsInfra is
+	// false, and the episode is scored as a failure rather than dropped
+	// (otherwise a policy learns to dodge a bad reward by crashing its
+	// sandbox).
+	ErrSandboxAbuse = errors.New("sandbox broken by its own commands")
 )
 
 // IsInfra reports whether err is a failure of the infrastructure rather than
 // of the command or of the caller's input: such errors must never be scored as
-// the model's failure.
+// the model's failure. An ErrSandboxAbuse is never infrastructure, even when
+// it also wraps ErrSandboxFailed.
 func IsInfra(err error) bool {
+	if errors.Is(err, ErrSandboxAbuse) {
+		return false
+	}
 	return errors.Is(err, ErrSandboxFailed) || errors.Is(err, ErrEngineUnavailable) ||
 		errors.Is(err, ErrClosed) || errors.Is(err, ErrImageNotFound)
 }
+
+// IsAbuse reports whether err says the sandbox was broken by the commands
+// run in it (ErrSandboxAbuse).
+func IsAbuse(err error) bool { return errors.Is(err, ErrSandboxAbuse) }
 
 // FieldError is an ErrInvalidSpec that names the offending field.
 type FieldError struct {

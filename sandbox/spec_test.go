@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -70,5 +71,19 @@ func TestExecRequestValidate(t *testing.T) {
 	}
 	if err := (ExecRequest{Shell: "true"}).Validate(); err != nil {
 		t.Error(err)
+	}
+}
+
+func TestAnAbuseErrorIsNeverInfrastructure(t *testing.T) {
+	abuse := fmt.Errorf("wasm-1: helper died: %w (%w)", ErrSandboxAbuse, ErrSandboxFailed)
+	if IsInfra(abuse) {
+		t.Fatal("IsInfra(abuse) = true: a sandbox the agent broke would be dropped instead of scored")
+	}
+	if !IsAbuse(abuse) {
+		t.Fatal("IsAbuse(abuse) = false")
+	}
+	failed := fmt.Errorf("engine gone: %w", ErrSandboxFailed)
+	if !IsInfra(failed) || IsAbuse(failed) {
+		t.Fatalf("a plain sandbox failure: IsInfra=%v IsAbuse=%v, want true, false", IsInfra(failed), IsAbuse(failed))
 	}
 }

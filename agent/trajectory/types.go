@@ -27,10 +27,13 @@ const (
 	ErrOutputTruncated = "output_truncated"
 	ErrSandbox         = "sandbox_error"
 	ErrPolicy          = "policy_error"
+	// ErrSandboxAbuse: the call's own command broke the sandbox (killed,
+	// froze or exhausted what serves it); the episode ends sandbox_abuse.
+	ErrSandboxAbuse = "sandbox_abuse"
 )
 
 // ErrorKinds is the closed list, in order.
-var ErrorKinds = []string{ErrBadArguments, ErrUnknownTool, ErrTimeout, ErrNonzeroExit, ErrOOM, ErrOutputTruncated, ErrSandbox, ErrPolicy}
+var ErrorKinds = []string{ErrBadArguments, ErrUnknownTool, ErrTimeout, ErrNonzeroExit, ErrOOM, ErrOutputTruncated, ErrSandbox, ErrPolicy, ErrSandboxAbuse}
 
 // Termination reasons.
 const (
@@ -42,21 +45,29 @@ const (
 	EndSandboxError    = "sandbox_error"
 	EndCancelled       = "cancelled"
 	EndInterrupted     = "interrupted"
+	// EndSandboxAbuse: the agent's own commands broke its sandbox. Scored,
+	// as a failure (reward 0), never dropped like sandbox_error.
+	EndSandboxAbuse = "sandbox_abuse"
 )
 
 // EndReasons is the closed list of termination reasons.
-var EndReasons = []string{EndFinished, EndMaxTurns, EndContextOverflow, EndEpisodeTimeout, EndPolicyError, EndSandboxError, EndCancelled, EndInterrupted}
+var EndReasons = []string{EndFinished, EndMaxTurns, EndContextOverflow, EndEpisodeTimeout, EndPolicyError, EndSandboxError, EndCancelled, EndInterrupted, EndSandboxAbuse}
 
 // Scored reports whether an episode that ended for reason may be given a
 // reward: infrastructure ends (sandbox, policy server, cancellation, crash)
-// are never scored as the model's failure.
+// are never scored as the model's failure; an episode whose agent broke its
+// own sandbox is scored, as a failure.
 func Scored(reason string) bool {
 	switch reason {
-	case EndFinished, EndMaxTurns, EndContextOverflow, EndEpisodeTimeout:
+	case EndFinished, EndMaxTurns, EndContextOverflow, EndEpisodeTimeout, EndSandboxAbuse:
 		return true
 	}
 	return false
 }
+
+// AbuseComponent is the reward component (always 0) of an episode that ended
+// sandbox_abuse: the reward says why it is 0.
+const AbuseComponent = "sandbox_abuse"
 
 // Trajectory is one episode.
 type Trajectory struct {
