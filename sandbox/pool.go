@@ -8,9 +8,14 @@ import (
 	"sync/atomic"
 )
 
-// Pool keeps up to Size ready sandboxes per spec, so Get hands one out
-// without waiting for a create. A sandbox is handed out once and belongs to
-// the caller from then on; the pool refills in the background.
+// Pool keeps ready sandboxes per spec (Size of each, or the spec's own
+// demand), so Get hands one out without waiting for a create. A sandbox is
+// handed out once and belongs to the caller from then on; the pool refills
+// in the background.
+//
+// A pool's sandboxes are made before the episode they serve is known: a
+// spec's Labels are not given to them, and specs that differ only in their
+// labels share ready sandboxes.
 type Pool struct {
 	backend Backend
 	size    int
@@ -25,12 +30,15 @@ type Pool struct {
 	ready   map[string][]Sandbox
 	filling map[string]bool
 	specs   map[string]Spec // every spec seen, so SetSize can refill them
+	demand  map[string]int  // a spec's own target (SetDemand), in place of size
 	closed  bool
 }
 
-// PoolStats is a snapshot of a pool's counters.
+// PoolStats is a snapshot of a pool's counters. Ready and Target are by
+// spec key: the sandboxes ready, and how many the pool aims to keep.
 type PoolStats struct {
 	Ready        map[string]int
+	Target       map[string]int
 	Hits         int64
 	Misses       int64
 	CreateErrors int64
@@ -40,7 +48,21 @@ type PoolStats struct {
 func NewPool(backend Backend, size int) *Pool {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Pool{backend: backend, size: size, ctx: ctx, cancel: cancel,
-		ready: map[string][]Sandbox{}, filling: map[string]bool{}, specs: map[string]Spec{}}
+		ready: map[string][]Sandbox{}, filling: map[string]bool{}, specs: map[string]Spec{}, demand: map[string]int{}}
+}
+
+// unlabelled is what the pool makes for spec: the same without labels.
+func unlabelled(spec Spec) Spec {
+	spec.Labels = nil
+	return spec
+}
+
+// targetLocked is how many ready sandboxes of key the pool keeps.
+func (p *Pool) targetLocked(key string) int {
+	if n, ok := p.demand[key]; ok {
+		return n
+	}
+	return p.size
 }
 
 // Size is the number of ready sandboxes the pool keeps per spec.
@@ -62,11 +84,8 @@ func (p *Pool) SetSize(n int) {
 	}
 	p.size = n
 	var surplus []Sandbox
-	for key, q := range p.ready {
-		if len(q) > n {
-			surplus = append(surplus, q[n:]...)
-			p.ready[key] = q[:n:n]
-		}
+	for key := range p.ready {
+		surplus = append(surplus, p.trimLocked(key)...)
 	}
 	for _, spec := range p.specs {
 		p.startFillLocked(spec)
@@ -77,11 +96,48 @@ func (p *Pool) SetSize(n int) {
 	}
 }
 
+// SetDemand sets how many ready sandboxes of spec the pool keeps, in place
+// of its size for that spec: more starts filling, fewer closes the surplus.
+// A caller sizes the pool from the work waiting for each spec.
+func (p *Pool) SetDemand(spec Spec, n int) error {
+	if err := spec.Validate(); err != nil {
+		return err
+	}
+	spec = unlabelled(spec)
+	key := spec.Key()
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return fmt.Errorf("pool: %w", ErrClosed)
+	}
+	p.demand[key] = max(n, 0)
+	surplus := p.trimLocked(key)
+	p.startFillLocked(spec)
+	p.mu.Unlock()
+	for _, sb := range surplus {
+		sb.Close()
+	}
+	return nil
+}
+
+// trimLocked takes the ready sandboxes of key beyond its target out of the
+// pool; the caller closes them.
+func (p *Pool) trimLocked(key string) []Sandbox {
+	n := p.targetLocked(key)
+	q := p.ready[key]
+	if len(q) <= n {
+		return nil
+	}
+	p.ready[key] = q[:n:n]
+	return q[n:]
+}
+
 // Warm starts filling the pool for spec and returns at once.
 func (p *Pool) Warm(spec Spec) error {
 	if err := spec.Validate(); err != nil {
 		return err
 	}
+	spec = unlabelled(spec)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -91,11 +147,13 @@ func (p *Pool) Warm(spec Spec) error {
 	return nil
 }
 
-// Get returns a ready sandbox for spec, or creates one when none is ready.
+// Get returns a ready sandbox for spec, or creates one (without the spec's
+// labels, like every sandbox of the pool) when none is ready.
 func (p *Pool) Get(ctx context.Context, spec Spec) (Sandbox, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
+	spec = unlabelled(spec)
 	key := spec.Key()
 	p.mu.Lock()
 	if p.closed {
@@ -121,7 +179,7 @@ func (p *Pool) Get(ctx context.Context, spec Spec) (Sandbox, error) {
 func (p *Pool) startFillLocked(spec Spec) {
 	key := spec.Key()
 	p.specs[key] = spec
-	if p.size <= 0 || p.filling[key] || len(p.ready[key]) >= p.size {
+	if p.filling[key] || len(p.ready[key]) >= p.targetLocked(key) {
 		return
 	}
 	p.filling[key] = true
@@ -130,7 +188,7 @@ func (p *Pool) startFillLocked(spec Spec) {
 		defer p.wg.Done()
 		for {
 			p.mu.Lock()
-			if p.closed || len(p.ready[key]) >= p.size {
+			if p.closed || len(p.ready[key]) >= p.targetLocked(key) {
 				p.filling[key] = false
 				p.mu.Unlock()
 				return
@@ -150,7 +208,7 @@ func (p *Pool) startFillLocked(spec Spec) {
 				sb.Close()
 				return
 			}
-			if len(p.ready[key]) >= p.size { // SetSize shrank the pool meanwhile
+			if len(p.ready[key]) >= p.targetLocked(key) { // SetSize or SetDemand shrank it meanwhile
 				p.filling[key] = false
 				p.mu.Unlock()
 				sb.Close()
@@ -166,9 +224,12 @@ func (p *Pool) startFillLocked(spec Spec) {
 func (p *Pool) Stats() PoolStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	st := PoolStats{Ready: map[string]int{}, Hits: p.hits.Load(), Misses: p.misses.Load(), CreateErrors: p.createErrors.Load()}
+	st := PoolStats{Ready: map[string]int{}, Target: map[string]int{}, Hits: p.hits.Load(), Misses: p.misses.Load(), CreateErrors: p.createErrors.Load()}
 	for k, q := range p.ready {
 		st.Ready[k] = len(q)
+	}
+	for k := range p.specs {
+		st.Target[k] = p.targetLocked(k)
 	}
 	return st
 }

@@ -2,8 +2,30 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"io/fs"
+	"slices"
+	"strings"
 )
+
+// Backend names: the closed list a task's sandbox.backend, the --backend
+// flags, the API and a trajectory's sandbox.backend take.
+const (
+	BackendWASM   = "wasm"
+	BackendDocker = "docker"
+)
+
+// Backends lists the backend names, the default (BackendWASM) first.
+func Backends() []string { return []string{BackendWASM, BackendDocker} }
+
+// CheckBackend returns nil for a known backend name, else an error naming
+// the known ones.
+func CheckBackend(name string) error {
+	if slices.Contains(Backends(), name) {
+		return nil
+	}
+	return fmt.Errorf("%q is not one of %s", name, strings.Join(Backends(), ", "))
+}
 
 // Sandbox is one isolated environment. Every call takes a context:
 // cancelling it kills what the call started. Methods are safe for
@@ -28,7 +50,7 @@ type Sandbox interface {
 
 // Backend creates sandboxes of one kind.
 type Backend interface {
-	// Name is "docker", "wasm", ...
+	// Name is one of Backends.
 	Name() string
 	// Create validates the spec, then makes a ready sandbox. A partial
 	// failure undoes what it did.

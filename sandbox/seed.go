@@ -10,7 +10,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 )
 
@@ -21,10 +21,11 @@ type File struct {
 	Mode fs.FileMode
 }
 
-// Seed writes files into sb in path order.
+// Seed writes files into sb in path order (parents before what they hold).
+// The caller's slice is left as it was.
 func Seed(ctx context.Context, sb Sandbox, files []File) error {
-	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
-	for _, f := range files {
+	ordered := slices.SortedFunc(slices.Values(files), func(a, b File) int { return strings.Compare(a.Path, b.Path) })
+	for _, f := range ordered {
 		mode := f.Mode
 		if mode == 0 {
 			mode = 0o644

@@ -25,6 +25,19 @@ const (
 	NetworkBridge = "bridge"
 )
 
+// Labels of a sandbox made for an episode (Spec.Labels, EpisodeLabels): a
+// container, an audit record names its episode and rollout by them.
+const (
+	LabelEpisode = "rollbox.episode"
+	LabelRollout = "rollbox.rollout"
+)
+
+// EpisodeLabels are the labels of a sandbox made for an episode. A warm
+// pool's sandboxes carry none: they are made before their episode is known.
+func EpisodeLabels(episodeID, rolloutID string) map[string]string {
+	return map[string]string{LabelEpisode: episodeID, LabelRollout: rolloutID}
+}
+
 // Defaults applied by Spec.WithDefaults.
 const (
 	DefaultCPUs        = 1.0

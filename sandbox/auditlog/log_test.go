@@ -67,7 +67,7 @@ func TestEverySandboxCallIsRecordedAndChained(t *testing.T) {
 	}
 	b := auditlog.Wrap(wb, l)
 	defer b.Close()
-	sb, err := b.Create(ctx, sandbox.Spec{Labels: map[string]string{auditlog.LabelEpisode: "ep-1"}})
+	sb, err := b.Create(ctx, sandbox.Spec{Labels: map[string]string{sandbox.LabelEpisode: "ep-1"}})
 	if err != nil {
 		t.Fatal(err)
 	}

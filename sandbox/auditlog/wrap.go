@@ -14,9 +14,6 @@ import (
 	"github.com/rollbox/rollbox/sandbox"
 )
 
-// LabelEpisode is the spec label naming a sandbox's episode.
-const LabelEpisode = "rollbox.episode"
-
 // maxError bounds an error message kept in a record.
 const maxError = 1 << 10
 
@@ -50,7 +47,7 @@ func loosened(b sandbox.Backend) []string {
 func (b *backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
 	start := time.Now()
 	sb, err := b.inner.Create(ctx, spec)
-	rec := Record{Op: OpCreate, Episode: spec.Labels[LabelEpisode], Backend: b.inner.Name(),
+	rec := Record{Op: OpCreate, Episode: spec.Labels[sandbox.LabelEpisode], Backend: b.inner.Name(),
 		Loosened: append(spec.Loosened(), loosened(b.inner)...), DurationMS: ms(time.Since(start))}
 	if err != nil {
 		rec.Image, rec.Runtime, rec.Network, rec.Error = spec.Image, spec.Runtime, spec.Network, errText(err)
