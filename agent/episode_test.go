@@ -16,6 +16,7 @@ import (
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/sandbox/wasm/wasmtest"
+	"github.com/rollbox/rollbox/tools"
 )
 
 // The episode tests run on the real WASM backend: the embedded default.
@@ -96,7 +97,7 @@ func TestAnEpisodeThatFixesTheCodePassesItsTests(t *testing.T) {
 		t.Fatalf("reward = %+v", tr.Reward)
 	}
 	steps := toolSteps(tr)
-	if kindOf(steps[0]) != trajectory.ErrNonzeroExit || !strings.Contains(steps[0].Output, "add(2, 3) != 5") {
+	if kindOf(steps[0]) != string(tools.KindNonzeroExit) || !strings.Contains(steps[0].Output, "add(2, 3) != 5") {
 		t.Errorf("first run_tests: kind %q output %q", kindOf(steps[0]), steps[0].Output)
 	}
 	if steps[1].Files["/work/calc.py"] == "" {
@@ -144,7 +145,7 @@ func TestBadToolCallsAreRecordedAndTheEpisodeGoesOn(t *testing.T) {
 		t.Fatalf("termination = %+v", tr.Termination)
 	}
 	steps := toolSteps(tr)
-	want := []string{trajectory.ErrBadArguments, trajectory.ErrUnknownTool, trajectory.ErrBadArguments, trajectory.ErrBadArguments, "", trajectory.ErrNonzeroExit}
+	want := []string{string(tools.KindBadArguments), string(tools.KindUnknownTool), string(tools.KindBadArguments), string(tools.KindBadArguments), "", string(tools.KindNonzeroExit)}
 	if len(steps) != len(want) {
 		t.Fatalf("%d tool steps, want %d", len(steps), len(want))
 	}
@@ -162,7 +163,7 @@ func TestBadToolCallsAreRecordedAndTheEpisodeGoesOn(t *testing.T) {
 	if tr.Reward == nil || tr.Reward.Total != 0 {
 		t.Errorf("a max_turns episode is scored: %+v", tr.Reward)
 	}
-	if tr.Stats.ToolErrors[trajectory.ErrBadArguments] != 3 {
+	if tr.Stats.ToolErrors[string(tools.KindBadArguments)] != 3 {
 		t.Errorf("tool errors = %v", tr.Stats.ToolErrors)
 	}
 }
@@ -227,7 +228,7 @@ func TestASandboxThatDiesMidEpisodeIsNeverScored(t *testing.T) {
 		t.Fatalf("termination %+v reward %+v", tr.Termination, tr.Reward)
 	}
 	steps := toolSteps(tr)
-	if len(steps) != 2 || kindOf(steps[1]) != trajectory.ErrSandbox {
+	if len(steps) != 2 || kindOf(steps[1]) != string(tools.KindSandbox) {
 		t.Fatalf("steps = %+v", steps)
 	}
 }
@@ -241,7 +242,7 @@ func TestLongAndBinaryOutputIsTruncatedForTheModelAndKeptLosslessly(t *testing.T
 	}})
 	steps := toolSteps(tr)
 	long := steps[0]
-	if !long.Truncated || kindOf(long) != trajectory.ErrOutputTruncated || len(long.Output) > 1100 || !strings.Contains(long.Output, "output truncated") {
+	if !long.Truncated || kindOf(long) != string(tools.KindOutputTruncated) || len(long.Output) > 1100 || !strings.Contains(long.Output, "output truncated") {
 		t.Errorf("long output: truncated %v kind %q len %d", long.Truncated, kindOf(long), len(long.Output))
 	}
 	total := int64(0)
@@ -320,7 +321,7 @@ func TestACommandThatGoesQuietIsStoppedAndKeepsItsOutput(t *testing.T) {
 	task := loadTask(t, strings.Replace(calcTask, `"max_turns": 6`, `"max_turns": 2, "idle_timeout_s": 0.5`, 1))
 	tr := runEpisode(t, task, &turnsPolicy{turns: []agent.Turn{calls("bash", `{"command": "echo started; sleep 30"}`), calls("finish", `{}`)}})
 	s := toolSteps(tr)[0]
-	if kindOf(s) != trajectory.ErrTimeout || !strings.HasPrefix(s.Output, "started\n") || !s.TimedOut {
+	if kindOf(s) != string(tools.KindTimeout) || !strings.HasPrefix(s.Output, "started\n") || !s.TimedOut {
 		t.Fatalf("kind %q timed out %v output %q", kindOf(s), s.TimedOut, s.Output)
 	}
 }

@@ -39,13 +39,20 @@ var PinnedEnv = map[string]string{
 	"PYTHONDONTWRITEBYTECODE": "1",
 }
 
-// pins returns what an episode pins: cfg.Pinned as recorded (replay), or
-// fresh values for the episode.
-func pins(cfg Config, t *Task) map[string]string {
-	if cfg.Pinned != nil {
-		return maps.Clone(cfg.Pinned)
-	}
-	p := map[string]string{PinSeed: fmt.Sprint(cfg.Seed), PinEpisodeID: cfg.EpisodeID, PinHostname: PinnedHostname}
+// Pins returns what an episode of t pins, fresh: its seed and id, and
+// SandboxPins. Replay passes a trajectory's own instead (Config.Pinned).
+func Pins(t *Task, seed int64, episodeID string) map[string]string {
+	p := SandboxPins(t)
+	p[PinSeed], p[PinEpisodeID] = fmt.Sprint(seed), episodeID
+	return p
+}
+
+// SandboxPins are the pins of t that shape its sandbox, the same for every
+// episode of it: the host name, and PinnedEnv less what the task's
+// sandbox.env sets itself. EpisodeSpec of t and SandboxPins(t) is the
+// sandbox every fresh episode of t asks for.
+func SandboxPins(t *Task) map[string]string {
+	p := map[string]string{PinHostname: PinnedHostname}
 	for k, v := range PinnedEnv {
 		if _, set := t.Sandbox.Env[k]; !set {
 			p[PinEnvPrefix+k] = v

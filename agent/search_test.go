@@ -130,7 +130,7 @@ func TestPrunedDocumentsAreGoneFromTheMessagesThePolicyGetsNext(t *testing.T) {
 	if strings.Contains(after, textC) || strings.Contains(after, "<<doc http>>") {
 		t.Errorf("the pruned document's text is still in the next messages:\n%s", after)
 	}
-	if !strings.Contains(after, agent.PruneMarker+"http]") || !strings.Contains(after, textA) {
+	if !strings.Contains(after, tools.Pruned("http")) || !strings.Contains(after, textA) {
 		t.Errorf("want the placeholder for http and gzip's text kept:\n%s", after)
 	}
 	// The trajectory keeps what the model saw at the time.
@@ -184,7 +184,7 @@ func TestAReadOverTheDocumentBudgetIsRefusedAndRecorded(t *testing.T) {
 			refusal = s
 		}
 	}
-	if refusal.ErrorKind == nil || *refusal.ErrorKind != trajectory.ErrBadArguments || !strings.Contains(refusal.Output, "Prune documents") {
+	if refusal.ErrorKind == nil || *refusal.ErrorKind != string(tools.KindBadArguments) || !strings.Contains(refusal.Output, "Prune documents") {
 		t.Errorf("refusal step = %+v", refusal)
 	}
 	last := p.reqs[3].Messages

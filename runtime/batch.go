@@ -40,6 +40,11 @@ type BatchConfig struct {
 	OnStep func(trajectory.Step)
 	// ConfigureEpisode, if set, may adjust each episode's config (extra tools).
 	ConfigureEpisode func(cfg *agent.Config) error
+	// InfraAttempts bounds the attempts of an episode whose sandbox failed
+	// for the infrastructure's sake before the policy was asked anything
+	// (default 3, as the service); the failed attempts' records go to
+	// OutDir/attempts/.
+	InfraAttempts int
 }
 
 // Summary is summary.json.
@@ -90,13 +95,19 @@ func NewID(prefix string) string {
 }
 
 // RunBatch runs every task × group and writes the trajectories and the
-// summary. It returns an error only when records cannot be written.
+// summary. Each episode runs as the service runs one (agent.Run, the same
+// retry of a failed open). It returns an error when records could not be
+// written (those episodes end record_error, counted in the summary, which
+// is written all the same) or when ctx ended before every episode started.
 func RunBatch(ctx context.Context, cfg BatchConfig) (*Summary, error) {
 	if cfg.Group <= 0 {
 		cfg.Group = 1
 	}
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 4
+	}
+	if cfg.InfraAttempts <= 0 {
+		cfg.InfraAttempts = 3
 	}
 	if cfg.RolloutID == "" {
 		cfg.RolloutID = NewID("r")
@@ -107,35 +118,29 @@ func RunBatch(ctx context.Context, cfg BatchConfig) (*Summary, error) {
 	}
 	start := time.Now()
 	type job struct {
-		task  *agent.Task
+		plan  *plan
 		index int
 	}
 	total := len(cfg.Tasks) * cfg.Group
 	jobs := make(chan job)
 	results := make([]*trajectory.Trajectory, 0, total)
 	var mu sync.Mutex
-	var firstErr error
+	var errs []error
+	var retries int
 	var wg sync.WaitGroup
 	for range min(cfg.Concurrency, total) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for j := range jobs {
-				ecfg := agent.Config{
-					Task:       j.task,
-					EpisodeID:  fmt.Sprintf("%s.%s.%d", cfg.RolloutID, j.task.ID, j.index),
-					RolloutID:  cfg.RolloutID,
-					GroupID:    cfg.RolloutID + "." + j.task.ID,
-					GroupIndex: j.index,
-					Seed:       int64(j.index),
-					Dir:        dir,
-					Backend:    cfg.Backend,
-					NewSandbox: cfg.NewSandbox,
-					Policy:     cfg.Policy,
-					PolicyInfo: cfg.PolicyInfo,
-					Sampling:   cfg.Sampling,
-					Observe:    cfg.OnStep,
-				}
+				ecfg := j.plan.config(cfg.RolloutID, j.index, dir)
+				ecfg.NewSandbox, ecfg.Policy, ecfg.PolicyInfo, ecfg.Sampling, ecfg.Observe =
+					cfg.NewSandbox, cfg.Policy, cfg.PolicyInfo, cfg.Sampling, cfg.OnStep
+				ecfg.Retry = openRetry(cfg.InfraAttempts, filepath.Join(cfg.OutDir, "attempts"), nil, ecfg.EpisodeID, func(*agent.OpenError) {
+					mu.Lock()
+					retries++
+					mu.Unlock()
+				})
 				var t *trajectory.Trajectory
 				err := func() error {
 					if cfg.ConfigureEpisode != nil {
@@ -149,10 +154,9 @@ func RunBatch(ctx context.Context, cfg BatchConfig) (*Summary, error) {
 				}()
 				mu.Lock()
 				if err != nil {
-					if firstErr == nil {
-						firstErr = fmt.Errorf("episode %s: %w", ecfg.EpisodeID, err)
-					}
-				} else {
+					errs = append(errs, fmt.Errorf("episode %s: %w", ecfg.EpisodeID, err))
+				}
+				if t != nil {
 					results = append(results, t)
 				}
 				done := len(results)
@@ -165,9 +169,10 @@ func RunBatch(ctx context.Context, cfg BatchConfig) (*Summary, error) {
 	}
 feed:
 	for _, t := range cfg.Tasks {
+		p := newPlan(t, cfg.Backend, nil)
 		for g := range cfg.Group {
 			select {
-			case jobs <- job{t, g}:
+			case jobs <- job{p, g}:
 			case <-ctx.Done():
 				break feed
 			}
@@ -178,13 +183,17 @@ feed:
 	sum := Summarize(cfg.RolloutID, results)
 	sum.StartedAt = start.UTC()
 	sum.WallTimeS = time.Since(start).Seconds()
+	sum.InfraRetries = retries
 	if err := writeJSON(filepath.Join(cfg.OutDir, "summary.json"), sum); err != nil {
-		return sum, err
+		errs = append(errs, err)
 	}
-	if firstErr == nil && ctx.Err() != nil && len(results) < total {
-		firstErr = fmt.Errorf("cancelled with %d of %d episodes started: %w", len(results), total, ctx.Err())
+	if ctx.Err() != nil && len(results) < total {
+		errs = append(errs, fmt.Errorf("cancelled with %d of %d episodes started: %w", len(results), total, ctx.Err()))
 	}
-	return sum, firstErr
+	if len(errs) > 3 {
+		errs = append(errs[:3], fmt.Errorf("and %d more", len(errs)-3))
+	}
+	return sum, errors.Join(errs...)
 }
 
 // Summarize computes a summary over trajectories.
@@ -303,5 +312,3 @@ func writeJSON(path string, v any) error {
 	}
 	return os.Rename(tmp, path)
 }
-
-var _ = errors.New

@@ -187,6 +187,45 @@ func TestWarmDockerPoolsAreSizedFromWaitingEpisodes(t *testing.T) {
 	waitContainers(t, 0, 20*time.Second) // no demand left: the pool shrinks to nothing
 }
 
+func TestAWarmPoolIsFilledForASpecBeforeAnyEpisodeOfItStarts(t *testing.T) {
+	src := dockerBackends(t)
+	hold, release := blockingPolicy(t)
+	s := startService(t, "", func(o *runtime.Options) {
+		o.Backends = src
+		o.Limits.Backend = map[string]int{"docker": 1}
+		o.Limits.WarmPool = map[string]int{"docker": 2}
+	})
+	first := s.submit(rolloutBody(hold, 1, dockerTask("a"))) // holds the only docker slot
+	s.waitState(first, 60*time.Second, func(st status) bool { return st.Running == 1 })
+	other := dockerTask("b")
+	other["sandbox"].(map[string]any)["limits"] = map[string]any{"memory_mb": 96} // a spec of its own
+	second := s.submit(rolloutBody(hold, 3, other))
+	// None of b's episodes can start, yet its spec is known from admission:
+	// the pool makes 2 sandboxes of it.
+	ready := regexp.MustCompile(`rollbox_sandbox_pool_ready\{backend="docker"\} (\d+)`)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		m := ready.FindStringSubmatch(s.metrics())
+		if m != nil && m[1] == "2" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool did not warm b's spec before any episode of it started: %v", m)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if st := s.status(second); st.Running != 0 || st.EpisodesDone != 0 {
+		t.Fatalf("b's episodes started: %+v", st)
+	}
+	release()
+	for _, id := range []string{first, second} {
+		if st := s.waitState(id, 90*time.Second, func(st status) bool { return st.State == runtime.RolloutDone }); st.Ends["finished"] != st.EpisodesTotal {
+			t.Errorf("status %+v", st)
+		}
+	}
+	waitContainers(t, 0, 20*time.Second)
+}
+
 func TestEnvironmentModeStepsADockerSandbox(t *testing.T) {
 	src := dockerBackends(t)
 	s := startService(t, "", func(o *runtime.Options) { o.Backends = src })

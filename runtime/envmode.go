@@ -15,6 +15,7 @@ import (
 
 	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/sandbox"
 )
 
 // envPrefix starts the id of every environment-mode episode.
@@ -94,12 +95,10 @@ func (s *Server) postEpisode(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	backend := req.Backend
-	switch backend {
-	case "":
+	if backend == "" {
 		backend = s.opts.DefaultBackend
-	case "wasm", "docker":
-	default:
-		return badField("backend", "%q is not one of wasm, docker", backend)
+	} else if err := sandbox.CheckBackend(backend); err != nil {
+		return badField("backend", "%v", err)
 	}
 	if task.Sandbox.Backend != "" {
 		backend = task.Sandbox.Backend
@@ -127,37 +126,28 @@ func (s *Server) postEpisode(w http.ResponseWriter, r *http.Request) error {
 	ctx, cancel := context.WithCancel(s.ctx)
 	ep := &envEpisode{id: id, backend: backend, ctx: ctx, cancel: cancel,
 		rec: &episodeRecord{ID: id, Mode: "env", TaskID: task.ID, State: episodeQueued}}
-	var sess *agent.Session
-	for attempt := 1; ; attempt++ {
-		track := &createTrack{}
-		cfg := agent.Config{Task: task, EpisodeID: id, Seed: req.Seed, Dir: s.st.episodesDir, Backend: backend,
-			NewSandbox: s.sandboxes.factory(track, ""), PolicyInfo: trajectory.Policy{Kind: "env"},
-			Observe: s.metrics.observer(backend)}
-		if s.opts.ConfigureEpisode != nil {
-			if err := s.opts.ConfigureEpisode(&cfg); err != nil {
-				cancel()
-				return err
-			}
-		}
-		sess, err = agent.Open(ctx, cfg)
-		if err != nil {
+	cfg := agent.Config{Task: task, EpisodeID: id, Seed: req.Seed, Dir: s.st.episodesDir, Backend: backend,
+		NewSandbox: s.sandboxes.create, PolicyInfo: trajectory.Policy{Kind: "env"},
+		Observe: s.metrics.observer(backend), Retry: s.openRetry(id, backend, nil)}
+	if s.opts.ConfigureEpisode != nil {
+		if err := s.opts.ConfigureEpisode(&cfg); err != nil {
 			cancel()
 			return err
 		}
-		if sess.Ended() && attempt < s.limits.InfraAttempts && infraAtOpen(sess.Trajectory(), track.get()) && ctx.Err() == nil {
-			if err := s.st.moveAttempt(id, attempt); err != nil {
-				cancel()
-				return err
-			}
-			s.metrics.InfraRetries.WithLabelValues(backend).Inc()
-			time.Sleep(time.Duration(attempt) * 200 * time.Millisecond)
-			continue
+	}
+	sess, err := agent.Open(ctx, cfg)
+	var oe *agent.OpenError
+	if err != nil && !errors.As(err, &oe) {
+		if sess != nil { // ended record_error: say so in the index
+			ep.sess = sess
+			s.recordEnvEnd(ep, sess.Trajectory())
 		}
-		break
+		cancel()
+		return err
 	}
 	ep.sess = sess
 	ep.touch()
-	if sess.Ended() {
+	if oe != nil {
 		t := sess.Trajectory()
 		s.recordEnvEnd(ep, t)
 		cancel()
@@ -275,6 +265,9 @@ func (s *Server) postStep(w http.ResponseWriter, r *http.Request) error {
 	}
 	outs, done, err := ep.sess.Step(ep.ctx, turn)
 	if err != nil {
+		if ep.sess.Ended() { // the record failed: the episode ended record_error
+			s.recordEnvEnd(ep, ep.sess.Trajectory())
+		}
 		return err
 	}
 	res := StepResult{Results: outs, Done: done}

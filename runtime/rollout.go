@@ -14,6 +14,7 @@ import (
 	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/agent/openai"
 	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/sandbox"
 )
 
 // Rollout states. "interrupted" is a rollout that the service stopped
@@ -232,12 +233,10 @@ func (s *Server) parseRollout(body []byte) (*rollout, []*job, error) {
 		return nil, nil, badField("group_size", "%d is outside 1..%d", req.GroupSize, s.limits.MaxGroupSize)
 	}
 	backend := req.Backend
-	switch backend {
-	case "":
+	if backend == "" {
 		backend = s.opts.DefaultBackend
-	case "wasm", "docker":
-	default:
-		return nil, nil, badField("backend", "%q is not one of wasm, docker", backend)
+	} else if err := sandbox.CheckBackend(backend); err != nil {
+		return nil, nil, badField("backend", "%v", err)
 	}
 	if len(req.Policy) == 0 || string(req.Policy) == "null" {
 		return nil, nil, badField("policy", "required: {\"base_url\": URL, \"model\": NAME, \"sampling\": {...}}")
@@ -342,20 +341,13 @@ func (s *Server) parseRollout(body []byte) (*rollout, []*job, error) {
 	for ti, t := range tasks {
 		b, _ := json.Marshal(t)
 		rec.Tasks = append(rec.Tasks, b)
-		eb := t.Sandbox.Backend
-		if eb == "" {
-			eb = backend
-		}
-		var pk string
-		if s.limits.WarmPool[eb] > 0 {
-			pk = demandKey(eb, t)
-		}
+		pl := newPlan(t, backend, s.limits.WarmPool)
 		for g := range req.GroupSize {
 			e := &episodeState{task: t, rec: &episodeRecord{
-				ID: fmt.Sprintf("%s.%s.%d", id, t.ID, g), Mode: "rollout", RolloutID: id, GroupID: id + "." + t.ID,
+				ID: episodeID(id, t.ID, g), Mode: "rollout", RolloutID: id, GroupID: groupID(id, t.ID),
 				GroupIndex: g, TaskIndex: ti, TaskID: t.ID, State: episodeQueued}}
 			r.addEpisode(e)
-			jobs = append(jobs, &job{r: r, ep: e, backend: eb, poolKey: pk})
+			jobs = append(jobs, &job{r: r, ep: e, plan: pl})
 		}
 	}
 	return r, jobs, nil
@@ -484,118 +476,64 @@ func (s *Server) startJob(j *job) {
 		r.running--
 		r.mu.Unlock()
 		if err != nil {
-			// The record could not be written: say so in the index; the
-			// episode is not silently dropped.
+			// The record could not be written: the episode ends record_error
+			// in the index; it is not silently dropped.
 			s.log.Error("episode record failed", "episode", j.ep.rec.ID, "err", err)
-			t = nil
 		}
 		s.endEpisode(r, j.ep, t, err)
 	}()
 }
 
-// runEpisode drives one rollout episode with the rollout's policy, retrying
-// a sandbox failure that happened before the policy was asked anything.
+// runEpisode runs one rollout episode (agent.Run: the open, retried as
+// the service retries, then the loop) with the rollout's policy behind the
+// endpoint's and the rollout's concurrency caps. The session is kept on the
+// episode while it runs, so a cancellation can end it.
 func (s *Server) runEpisode(ctx context.Context, j *job) (t *trajectory.Trajectory, err error) {
-	// A step that cannot be recorded panics in the session (the record is
-	// the product); here that fails the episode, not the service.
+	// A bug that panics fails the episode, not the service.
 	defer func() {
 		if p := recover(); p != nil {
 			t, err = nil, fmt.Errorf("episode %s: %v", j.ep.rec.ID, p)
 		}
 	}()
 	r, e := j.r, j.ep
-	for attempt := 1; ; attempt++ {
-		track := &createTrack{}
-		cfg := agent.Config{
-			Task: e.task, EpisodeID: e.rec.ID, RolloutID: r.id, GroupID: e.rec.GroupID, GroupIndex: e.rec.GroupIndex,
-			Seed: int64(e.rec.GroupIndex), Dir: s.st.episodesDir, Backend: r.backend,
-			NewSandbox: s.sandboxes.factory(track, j.poolKey), PolicyInfo: r.info, Sampling: r.sampling,
-			Observe: s.metrics.observer(j.backend),
-		}
-		if s.opts.ConfigureEpisode != nil {
-			if err := s.opts.ConfigureEpisode(&cfg); err != nil {
-				return nil, err
-			}
-		}
-		sess, err := agent.Open(ctx, cfg)
-		if err != nil {
-			return nil, err
-		}
-		if sess.Ended() {
-			t := sess.Trajectory()
-			if attempt < s.limits.InfraAttempts && ctx.Err() == nil && infraAtOpen(t, track.get()) {
-				if err := s.st.moveAttempt(e.rec.ID, attempt); err != nil {
-					return nil, err
-				}
-				s.metrics.InfraRetries.WithLabelValues(j.backend).Inc()
-				r.mu.Lock()
-				r.rec.InfraRetries++
-				r.mu.Unlock()
-				s.log.Warn("infrastructure failure before the first policy call; retrying", "episode", e.rec.ID,
-					"attempt", attempt, "reason", t.Termination.Message)
-				select {
-				case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
-				case <-ctx.Done():
-				}
-				continue
-			}
-			return t, nil
-		}
+	cfg := j.plan.config(r.id, e.rec.GroupIndex, s.st.episodesDir)
+	cfg.NewSandbox = s.sandboxes.create
+	cfg.Policy = &gatedPolicy{inner: r.policy, ep: r.endpoint, rolloutSem: r.sem, metrics: s.metrics}
+	cfg.PolicyInfo, cfg.Sampling = r.info, r.sampling
+	cfg.Observe = s.metrics.observer(j.plan.backend)
+	cfg.Retry = s.openRetry(e.rec.ID, j.plan.backend, func() {
+		r.mu.Lock()
+		r.rec.InfraRetries++
+		r.mu.Unlock()
+	})
+	cfg.OnOpen = func(sess *agent.Session) {
 		r.mu.Lock()
 		e.session = sess
 		r.mu.Unlock()
-		t, err := s.drive(ctx, sess, cfg, r, j.backend)
-		r.mu.Lock()
-		e.session = nil
-		r.mu.Unlock()
-		return t, err
 	}
-}
-
-// infraAtOpen reports whether an episode that ended while opening failed
-// for the infrastructure's sake: a sandbox error with no step recorded (so
-// the policy saw nothing), from a create error that may pass or from
-// seeding the files into a sandbox that was made.
-func infraAtOpen(t *trajectory.Trajectory, createErr error) bool {
-	if t == nil || t.Termination == nil || t.Termination.Reason != trajectory.EndSandboxError || len(t.Steps) > 0 {
-		return false
-	}
-	if createErr != nil {
-		return retryableCreate(createErr)
-	}
-	msg := t.Termination.Message
-	return len(msg) >= len("seed files: ") && msg[:len("seed files: ")] == "seed files: "
-}
-
-// drive is agent.Run's loop over an open session, with the policy gated by
-// the endpoint's and the rollout's concurrency caps.
-func (s *Server) drive(ctx context.Context, sess *agent.Session, cfg agent.Config, r *rollout, backend string) (*trajectory.Trajectory, error) {
-	t := cfg.Task
-	sampling := cfg.Sampling
-	if t.Seed != nil && sampling.Seed == nil {
-		sampling.Seed = t.Seed
-	}
-	deadline := time.Now().Add(time.Duration(t.Limits.EpisodeTimeoutS * float64(time.Second)))
-	pol := &gatedPolicy{inner: r.policy, ep: r.endpoint, rolloutSem: r.sem, metrics: s.metrics}
-	for !sess.Ended() {
-		pctx, cancel := context.WithDeadline(ctx, deadline)
-		turn, err := pol.Next(pctx, agent.Request{EpisodeID: cfg.EpisodeID, TaskID: t.ID, Turn: sess.Turn(),
-			Messages: sess.Messages(), Tools: sess.Tools(), Sampling: sampling})
-		cancel()
-		if err != nil {
-			if err := sess.EndPolicy(ctx, err); err != nil {
-				return nil, err
-			}
-			break
-		}
-		if _, _, err := sess.Step(ctx, turn); err != nil {
-			if sess.Ended() { // ended by the service meanwhile (shutdown)
-				break
-			}
+	if s.opts.ConfigureEpisode != nil {
+		if err := s.opts.ConfigureEpisode(&cfg); err != nil {
 			return nil, err
 		}
 	}
-	return sess.Trajectory(), nil
+	t, err = agent.Run(ctx, cfg)
+	r.mu.Lock()
+	e.session = nil
+	r.mu.Unlock()
+	return t, err
+}
+
+// openRetry is the service's retry of an episode's open (rollout and
+// environment mode): Limits.InfraAttempts attempts, the failed ones' records
+// in DATA/attempts/, each retry counted in rollbox_infra_retries_total and
+// by counted.
+func (s *Server) openRetry(episode, backend string, counted func()) agent.Retry {
+	return openRetry(s.limits.InfraAttempts, s.st.attemptsDir, s.log, episode, func(*agent.OpenError) {
+		s.metrics.InfraRetries.WithLabelValues(backend).Inc()
+		if counted != nil {
+			counted()
+		}
+	})
 }
 
 // endEpisode records an episode's end: the index, the rollout's counts and
@@ -618,7 +556,7 @@ func (s *Server) endEpisode(r *rollout, e *episodeState, t *trajectory.Trajector
 	default:
 		rec.Reason = trajectory.EndSandboxError
 		if recordErr != nil {
-			rec.Reason = "record_error"
+			rec.Reason = trajectory.EndRecordError
 		}
 	}
 	s.metrics.EpisodesEnded.WithLabelValues("rollout", rec.Reason).Inc()

@@ -6,11 +6,9 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/sandbox"
 )
 
@@ -28,9 +26,9 @@ type Limits struct {
 	// URL) across all rollouts (default 1024). A rollout may lower its own
 	// with policy.max_concurrency.
 	PolicyConcurrency int
-	// WarmPool is the most ready sandboxes kept per backend and spec; the
-	// pool is sized from the episodes waiting for that spec (defaults:
-	// docker 16, wasm 0: a WASM sandbox is made in microseconds).
+	// WarmPool is the most ready sandboxes kept per backend and spec; each
+	// backend's pool keeps, of each spec, as many as episodes wait for it
+	// (defaults: docker 16, wasm 0: a WASM sandbox is made in microseconds).
 	WarmPool map[string]int
 	// InfraAttempts bounds the attempts of an episode whose sandbox failed
 	// before the policy was asked anything (default 3).
@@ -86,14 +84,21 @@ func (l Limits) withDefaults() Limits {
 	return l
 }
 
-// job is one queued rollout episode.
+// job is one queued rollout episode, with the plan of its task (its
+// backend and sandbox spec, computed at admission).
 type job struct {
-	r       *rollout
-	ep      *episodeState
-	backend string
-	// poolKey names the sandbox it will ask for (backend and the task's
-	// sandbox spec), for warm-pool demand; "" without a warm pool.
-	poolKey string
+	r    *rollout
+	ep   *episodeState
+	plan *plan
+}
+
+// demandKey names the sandboxes a job waits for: a backend's pool and a spec in it.
+type demandKey struct{ backend, spec string }
+
+// demand is how many queued jobs wait for one spec.
+type demand struct {
+	spec sandbox.Spec
+	n    int
 }
 
 // scheduler starts queued episodes: round-robin across rollouts (one
@@ -110,8 +115,7 @@ type scheduler struct {
 	queued         int
 	running        int
 	backendRunning map[string]int
-	demand         map[string]int // pool key → queued jobs
-	demandSpec     map[string]job // pool key → a job naming its backend and spec
+	demand         map[demandKey]*demand
 	demandDirty    bool
 	ended          []time.Time // recent completions, for Retry-After
 
@@ -120,8 +124,8 @@ type scheduler struct {
 }
 
 func newScheduler(l Limits, start func(*job)) *scheduler {
-	return &scheduler{limits: l, start: start, backendRunning: map[string]int{}, demand: map[string]int{},
-		demandSpec: map[string]job{}, wake: make(chan struct{}, 1), sizeWake: make(chan struct{}, 1)}
+	return &scheduler{limits: l, start: start, backendRunning: map[string]int{}, demand: map[demandKey]*demand{},
+		wake: make(chan struct{}, 1), sizeWake: make(chan struct{}, 1)}
 }
 
 func signal(ch chan struct{}) {
@@ -178,13 +182,16 @@ func (sc *scheduler) retryAfterLocked(over int) int {
 }
 
 func (sc *scheduler) addDemandLocked(j *job, d int) {
-	if j.poolKey == "" {
+	if j.plan.specKey == "" {
 		return
 	}
-	sc.demand[j.poolKey] += d
-	if _, ok := sc.demandSpec[j.poolKey]; !ok {
-		sc.demandSpec[j.poolKey] = job{backend: j.backend, poolKey: j.poolKey}
+	k := demandKey{j.plan.backend, j.plan.specKey}
+	dm := sc.demand[k]
+	if dm == nil {
+		dm = &demand{spec: j.plan.spec}
+		sc.demand[k] = dm
 	}
+	dm.n += d
 	sc.demandDirty = true
 }
 
@@ -199,7 +206,7 @@ func (sc *scheduler) pick() *job {
 		idx := (sc.next + i) % len(sc.active)
 		r := sc.active[idx]
 		j := r.queue[0]
-		if sc.backendRunning[j.backend] >= sc.limits.Backend[j.backend] && sc.limits.Backend[j.backend] > 0 {
+		if sc.backendRunning[j.plan.backend] >= sc.limits.Backend[j.plan.backend] && sc.limits.Backend[j.plan.backend] > 0 {
 			continue
 		}
 		r.queue[0] = nil
@@ -217,7 +224,7 @@ func (sc *scheduler) pick() *job {
 		}
 		sc.queued--
 		sc.running++
-		sc.backendRunning[j.backend]++
+		sc.backendRunning[j.plan.backend]++
 		sc.addDemandLocked(j, -1)
 		return j
 	}
@@ -228,7 +235,7 @@ func (sc *scheduler) pick() *job {
 func (sc *scheduler) done(j *job) {
 	sc.mu.Lock()
 	sc.running--
-	sc.backendRunning[j.backend]--
+	sc.backendRunning[j.plan.backend]--
 	sc.ended = append(sc.ended, time.Now())
 	if len(sc.ended) > 100000 {
 		sc.ended = sc.ended[len(sc.ended)-50000:]
@@ -264,14 +271,6 @@ func (sc *scheduler) withdraw(r *rollout) []*job {
 	}
 	signal(sc.sizeWake)
 	return jobs
-}
-
-// resize asks the pool sizer to look at the demand again.
-func (sc *scheduler) resize() {
-	sc.mu.Lock()
-	sc.demandDirty = true
-	sc.mu.Unlock()
-	signal(sc.sizeWake)
 }
 
 func (sc *scheduler) counts() (queued, running int) {
@@ -317,45 +316,33 @@ func (sc *scheduler) sizePools(ctx context.Context, sbx *sandboxes) {
 		}
 		sc.demandDirty = false
 		type want struct {
-			j job
-			n int
+			backend string
+			demand
 		}
 		var wants []want
-		for k, n := range sc.demand {
-			wants = append(wants, want{sc.demandSpec[k], n})
-			if n == 0 {
+		for k, dm := range sc.demand {
+			wants = append(wants, want{k.backend, *dm})
+			if dm.n == 0 {
 				delete(sc.demand, k)
-				delete(sc.demandSpec, k)
 			}
 		}
 		sc.mu.Unlock()
 		for _, w := range wants {
-			sbx.setDemand(ctx, w.j.backend, w.j.poolKey, w.n)
+			sbx.setDemand(ctx, w.backend, w.spec, w.n)
 		}
 	}
 }
 
-// demandKey names the sandbox an episode of t on backend will ask for.
-func demandKey(backend string, t *agent.Task) string {
-	return backend + "/" + t.SandboxSpec().Key()
-}
-
 // sandboxes makes the episodes' sandboxes: straight from the backend, or
-// through a warm pool per backend and spec where the backend has one.
+// through the backend's warm pool where it keeps one.
 type sandboxes struct {
 	src     BackendSource
 	metrics *Metrics
 	warm    map[string]int
 
-	mu    sync.Mutex
-	pools map[string]*sandbox.Pool // backend + "/" + spec key
-	// learned maps a demand key to the spec its episodes really asked for
-	// (agent.Open adds to the task's), once one of them has started.
-	learned map[string]sandbox.Spec
-	// onLearn is called when a demand key's spec is first learned (the
-	// scheduler resizes the pools then).
-	onLearn func()
-	closed  bool
+	mu     sync.Mutex
+	pools  map[string]*sandbox.Pool // by backend
+	closed bool
 }
 
 // BackendSource opens sandbox backends by name ("wasm", "docker"); the
@@ -372,131 +359,57 @@ func (f BackendFunc) Backend(ctx context.Context, name string) (sandbox.Backend,
 	return f(ctx, name)
 }
 
-func poolKey(backend string, spec sandbox.Spec) string {
-	spec.Labels = nil
-	return backend + "/" + spec.Key()
-}
-
-// pool returns the warm pool of backend and spec, or nil when the backend
-// keeps none.
-func (x *sandboxes) pool(backend string, be sandbox.Backend, spec sandbox.Spec) *sandbox.Pool {
+// pool returns backend's warm pool, or nil when it keeps none.
+func (x *sandboxes) pool(backend string, be sandbox.Backend) *sandbox.Pool {
 	if x.warm[backend] <= 0 {
 		return nil
 	}
-	key := poolKey(backend, spec)
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.closed {
 		return nil
 	}
-	p := x.pools[key]
+	p := x.pools[backend]
 	if p == nil {
 		p = sandbox.NewPool(be, 0)
-		x.pools[key] = p
+		x.pools[backend] = p
 	}
 	return p
 }
 
-// setDemand sizes the pool of a demand key for n waiting episodes. A spec
-// is warmed once an episode of it has started and shown the spec it asks for.
-func (x *sandboxes) setDemand(ctx context.Context, backend, key string, n int) {
-	if x.warm[backend] <= 0 {
-		return
-	}
-	x.mu.Lock()
-	spec, ok := x.learned[key]
-	x.mu.Unlock()
-	if !ok {
-		return
-	}
+// setDemand sizes backend's warm pool for n episodes waiting for spec.
+func (x *sandboxes) setDemand(ctx context.Context, backend string, spec sandbox.Spec, n int) {
 	be, err := x.src.Backend(ctx, backend)
 	if err != nil {
 		return // the episodes will fail at create and say why
 	}
-	p := x.pool(backend, be, spec)
-	if p == nil {
-		return
-	}
-	size := min(n, x.warm[backend])
-	if size > 0 && p.Size() == 0 {
-		spec.Labels = nil
-		p.Warm(spec) // teach the pool the spec before sizing it
-	}
-	p.SetSize(size)
-}
-
-// createTrack remembers how an episode's sandbox creation went, to decide
-// whether a failure may be retried.
-type createTrack struct {
-	mu  sync.Mutex
-	err error
-}
-
-func (t *createTrack) set(err error) {
-	t.mu.Lock()
-	t.err = err
-	t.mu.Unlock()
-}
-
-func (t *createTrack) get() error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.err
-}
-
-// factory makes an episode's sandboxes; key is the episode's demand key
-// ("" when it has none).
-func (x *sandboxes) factory(track *createTrack, key string) agent.SandboxFactory {
-	return func(ctx context.Context, backend string, spec sandbox.Spec) (sandbox.Sandbox, error) {
-		be, err := x.src.Backend(ctx, backend)
-		if err != nil {
-			err = errors.Join(err, sandbox.ErrEngineUnavailable)
-			track.set(err)
-			x.metrics.SandboxFailures.WithLabelValues(backend).Inc()
-			return nil, err
-		}
-		start := time.Now()
-		source := "create"
-		var sb sandbox.Sandbox
-		if p := x.pool(backend, be, spec); p != nil {
-			source = "pool"
-			pspec := spec
-			pspec.Labels = nil // pooled sandboxes are made before their episode is known
-			if key != "" {
-				x.mu.Lock()
-				if x.learned == nil {
-					x.learned = map[string]sandbox.Spec{}
-				}
-				_, known := x.learned[key]
-				x.learned[key] = pspec
-				x.mu.Unlock()
-				if !known && x.onLearn != nil {
-					x.onLearn()
-				}
-			}
-			sb, err = p.Get(ctx, pspec)
-		} else {
-			sb, err = be.Create(ctx, spec)
-		}
-		x.metrics.SandboxAcquire.WithLabelValues(backend, source).Observe(seconds(time.Since(start)))
-		if err != nil {
-			x.metrics.SandboxFailures.WithLabelValues(backend).Inc()
-			track.set(err)
-		}
-		return sb, err
+	if p := x.pool(backend, be); p != nil {
+		p.SetDemand(spec, min(n, x.warm[backend]))
 	}
 }
 
-// retryableCreate reports whether a sandbox creation error is the
-// infrastructure's and may pass (not a bad spec or a missing image).
-func retryableCreate(err error) bool {
-	if err == nil {
-		return true
+// create makes an episode's sandbox (agent.SandboxFactory): from the
+// backend's warm pool when it keeps one, else created for the episode.
+func (x *sandboxes) create(ctx context.Context, backend string, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	be, err := x.src.Backend(ctx, backend)
+	if err != nil {
+		x.metrics.SandboxFailures.WithLabelValues(backend).Inc()
+		return nil, errors.Join(err, sandbox.ErrEngineUnavailable)
 	}
-	if errors.Is(err, sandbox.ErrInvalidSpec) || errors.Is(err, sandbox.ErrImageNotFound) {
-		return false
+	start := time.Now()
+	source := "create"
+	var sb sandbox.Sandbox
+	if p := x.pool(backend, be); p != nil {
+		source = "pool"
+		sb, err = p.Get(ctx, spec)
+	} else {
+		sb, err = be.Create(ctx, spec)
 	}
-	return errors.Is(err, sandbox.ErrSandboxFailed) || errors.Is(err, sandbox.ErrEngineUnavailable) || errors.Is(err, sandbox.ErrClosed)
+	x.metrics.SandboxAcquire.WithLabelValues(backend, source).Observe(seconds(time.Since(start)))
+	if err != nil {
+		x.metrics.SandboxFailures.WithLabelValues(backend).Inc()
+	}
+	return sb, err
 }
 
 // poolStat sums a backend's warm pools.
@@ -509,14 +422,15 @@ func (x *sandboxes) poolStats() map[string]poolStat {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	out := map[string]poolStat{}
-	for key, p := range x.pools {
-		backend, _, _ := strings.Cut(key, "/")
+	for backend, p := range x.pools {
 		st := p.Stats()
 		agg := out[backend]
 		for _, n := range st.Ready {
 			agg.Ready += n
 		}
-		agg.Target += p.Size()
+		for _, n := range st.Target {
+			agg.Target += n
+		}
 		agg.Hits += st.Hits
 		agg.Misses += st.Misses
 		agg.Errors += st.CreateErrors

@@ -130,7 +130,6 @@ func Open(opts Options) (*Server, *Recovery, error) {
 		return nil, nil, fmt.Errorf("recovering %s: %w", opts.DataDir, err)
 	}
 	s.sched = newScheduler(s.limits, s.startJob)
-	s.sandboxes.onLearn = s.sched.resize
 	s.bg.Add(3)
 	go func() { defer s.bg.Done(); s.sched.run(s.ctx) }()
 	go func() { defer s.bg.Done(); s.sched.sizePools(s.ctx, s.sandboxes) }()
@@ -441,7 +440,8 @@ func (s *Server) getRolloutEpisodes(w http.ResponseWriter, r *http.Request) erro
 		line.Reset()
 		if err := s.episodeLine(&line, e, stats); err != nil {
 			s.log.Error("reading an episode for a stream", "episode", e.rec.ID, "err", err)
-			return nil
+			line.Reset()
+			s.unreadableLine(&line, ro, e, stats, err)
 		}
 		_, err := bw.Write(line.Bytes())
 		return err
@@ -551,6 +551,36 @@ func (s *Server) episodeLine(buf *bytes.Buffer, e *episodeState, stats *trajecto
 	}
 	buf.WriteByte('\n')
 	return nil
+}
+
+// unreadableLine appends the line of an episode whose record cannot be read
+// (lost to a full disk, damaged): a trajectory document with the episode's
+// identity from the index and an unscored record_error end naming the
+// failure, so a reader gets a line for every episode and learns what became
+// of this one.
+func (s *Server) unreadableLine(buf *bytes.Buffer, r *rollout, e *episodeState, stats *trajectory.GroupStats, readErr error) {
+	rec := e.rec
+	t := &trajectory.Trajectory{Schema: trajectory.Schema, EpisodeID: rec.ID, RolloutID: rec.RolloutID, GroupID: rec.GroupID,
+		GroupIndex: rec.GroupIndex, TaskID: rec.TaskID, Seed: int64(rec.GroupIndex), Task: json.RawMessage("{}"),
+		Steps: []trajectory.Step{}, ContextEvents: []trajectory.ContextEvent{}, Stats: trajectory.Stats{ToolErrors: map[string]int{}},
+		Termination: &trajectory.Termination{Reason: trajectory.EndRecordError, Step: -1,
+			Message: fmt.Sprintf("the episode's record could not be read: %v (the index has it ended %s)", readErr, rec.Reason)},
+		Group: stats}
+	if e.task != nil {
+		t.Task, _ = json.Marshal(e.task)
+		t.TaskHash = e.task.Hash()
+		t.Sandbox.Backend = e.task.Sandbox.Backend
+	}
+	if t.Sandbox.Backend == "" {
+		t.Sandbox.Backend = r.rec.Backend
+	}
+	t.Policy = r.rec.Policy
+	if rec.EndedAt != nil {
+		t.StartedAt, t.EndedAt = *rec.EndedAt, rec.EndedAt
+	}
+	b, _ := json.Marshal(t)
+	buf.Write(b)
+	buf.WriteByte('\n')
 }
 
 // exportRollout writes a rollout's finished episodes as JSONL or Parquet.

@@ -28,6 +28,7 @@ import (
 	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/sandbox/wasm"
 	"github.com/rollbox/rollbox/sandbox/wasm/wasmtest"
+	"github.com/rollbox/rollbox/tools"
 )
 
 // The service tests run a real HTTP server over real WASM sandboxes and the
@@ -551,10 +552,10 @@ func TestEnvironmentModeStepsTheSameSessionARolloutRuns(t *testing.T) {
 	if len(r.Results) != 2 || r.Results[0].CallID != "c1" || r.Results[0].Output != "hi\n" || *r.Results[0].ExitCode != 0 || r.Done {
 		t.Errorf("first step: %+v", r)
 	}
-	if !r.Results[1].Truncated || *r.Results[1].ErrorKind != trajectory.ErrOutputTruncated || len(r.Results[1].Output) > 64 {
+	if !r.Results[1].Truncated || *r.Results[1].ErrorKind != string(tools.KindOutputTruncated) || len(r.Results[1].Output) > 64 {
 		t.Errorf("the task's output cap was not applied: %+v", r.Results[1])
 	}
-	if step(map[string]any{"name": "no_such_tool", "arguments": "{}"}); *r.Results[0].ErrorKind != trajectory.ErrUnknownTool || r.Results[0].CallID == "" {
+	if step(map[string]any{"name": "no_such_tool", "arguments": "{}"}); *r.Results[0].ErrorKind != string(tools.KindUnknownTool) || r.Results[0].CallID == "" {
 		t.Errorf("unknown tool: %+v", r.Results[0])
 	}
 	var live trajectory.Trajectory

@@ -228,9 +228,3 @@ func (st *store) openEnvEpisodes() ([]*episodeRecord, error) {
 	})
 	return out, err
 }
-
-// moveAttempt keeps the record of a retried attempt out of the episodes
-// directory (it is not the episode's record), numbered.
-func (st *store) moveAttempt(id string, attempt int) error {
-	return os.Rename(st.trajectoryPath(id), filepath.Join(st.attemptsDir, fmt.Sprintf("%s.%d.json", id, attempt)))
-}

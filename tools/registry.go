@@ -13,16 +13,33 @@ import (
 	"github.com/rollbox/rollbox/sandbox"
 )
 
-// Error kinds a tool result may carry (a subset of the trajectory's closed
-// list; output_truncated and policy_error are decided by the agent loop).
+// ErrorKind says why a tool step failed. It is a closed list (ErrorKinds),
+// recorded as a trajectory step's error_kind and counted in summaries and
+// metrics; the trajectory's JSON Schema lists the same.
+type ErrorKind string
+
+// The error kinds. The tools set the first five and sandbox_error; the agent
+// loop sets output_truncated (it cuts the output for the model), timeout
+// (the episode's deadline), sandbox_error and sandbox_abuse (a sandbox that
+// failed under a call, or that the call's own command broke).
 const (
-	KindBadArguments = "bad_arguments"
-	KindUnknownTool  = "unknown_tool"
-	KindTimeout      = "timeout"
-	KindNonzeroExit  = "nonzero_exit"
-	KindOOM          = "oom"
-	KindSandbox      = "sandbox_error"
+	KindBadArguments    ErrorKind = "bad_arguments"
+	KindUnknownTool     ErrorKind = "unknown_tool"
+	KindTimeout         ErrorKind = "timeout"
+	KindNonzeroExit     ErrorKind = "nonzero_exit"
+	KindOOM             ErrorKind = "oom"
+	KindOutputTruncated ErrorKind = "output_truncated"
+	KindSandbox         ErrorKind = "sandbox_error"
+	KindPolicy          ErrorKind = "policy_error"
+	// KindSandboxAbuse: the call's own command broke the sandbox (killed,
+	// froze or exhausted what serves it); the episode ends sandbox_abuse.
+	KindSandboxAbuse ErrorKind = "sandbox_abuse"
 )
+
+// ErrorKinds is the closed list, in order.
+func ErrorKinds() []ErrorKind {
+	return []ErrorKind{KindBadArguments, KindUnknownTool, KindTimeout, KindNonzeroExit, KindOOM, KindOutputTruncated, KindSandbox, KindPolicy, KindSandboxAbuse}
+}
 
 // Sandbox is what the tools need of a sandbox.
 type Sandbox interface {
@@ -60,8 +77,8 @@ type Finish struct {
 // the agent loop cuts it to the model's budget.
 type Result struct {
 	Text      string
-	ErrorKind string // "" or one of the Kind constants
-	Err       string // a short description when ErrorKind is set
+	ErrorKind ErrorKind // "" or one of ErrorKinds
+	Err       string    // a short description when ErrorKind is set
 	ExitCode  *int
 	Signal    string
 	TimedOut  bool
@@ -174,7 +191,7 @@ func ParseArguments(raw string) (map[string]any, error) {
 	return obj, nil
 }
 
-func failf(kind, format string, args ...any) Result {
+func failf(kind ErrorKind, format string, args ...any) Result {
 	msg := fmt.Sprintf(format, args...)
 	return Result{ErrorKind: kind, Err: msg, Text: "error: " + msg}
 }

@@ -12,7 +12,9 @@ func TestCallRefusesBadArgumentsWithAKindTheModelReads(t *testing.T) {
 		t.Fatal(err)
 	}
 	tests := []struct {
-		name, tool, args, kind, want string
+		name, tool, args string
+		kind             ErrorKind
+		want             string
 	}{
 		{"invalid JSON", "bash", `{"command": "ls"`, KindBadArguments, "not valid JSON"},
 		{"a non-object", "bash", `["ls"]`, KindBadArguments, "must be a JSON object"},

@@ -71,10 +71,18 @@ func LedgerOf(env *Env) *retriever.Ledger {
 
 var errNoLedger = errors.New("search tools: the episode's tool environment has no context ledger (tools.WithLedger was not called)")
 
-// DocOpen and DocClose bracket a document's text in a read result; the
-// agent loop finds them to replace a pruned document with a placeholder.
-func DocOpen(id string) string  { return "<<doc " + id + ">>" }
-func DocClose(id string) string { return "<</doc " + id + ">>" }
+// Document markers. DocOpen and DocClose bracket a document's text in a
+// read result ("<<doc ID>>\n...\n<</doc ID>>"); the agent loop finds them to
+// replace a pruned document with Pruned(ID), which starts with PruneMarker.
+const (
+	docOpenPrefix  = "<<doc "
+	docClosePrefix = "<</doc "
+	PruneMarker    = "[pruned from context: "
+)
+
+func DocOpen(id string) string  { return docOpenPrefix + id + ">>" }
+func DocClose(id string) string { return docClosePrefix + id + ">>" }
+func Pruned(id string) string   { return PruneMarker + id + "]" }
 
 // Search ranks documents for a query.
 type Search struct{ Index Retriever }
@@ -312,5 +320,5 @@ func defang(s string) string {
 	if !strings.Contains(s, "<<") {
 		return s
 	}
-	return strings.NewReplacer("<<doc ", "<< doc ", "<</doc ", "<</ doc ").Replace(s)
+	return strings.NewReplacer(docOpenPrefix, "<< doc ", docClosePrefix, "<</ doc ").Replace(s)
 }

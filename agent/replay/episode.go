@@ -142,10 +142,8 @@ func Episode(ctx context.Context, tr *trajectory.Trajectory, opts Options) (*Rep
 	if err != nil {
 		return nil, err
 	}
-	switch tr.Sandbox.Backend {
-	case "wasm", "docker":
-	default:
-		return nil, fmt.Errorf("trajectory %s: sandbox.backend %q is not one of wasm, docker: %w", tr.EpisodeID, tr.Sandbox.Backend, ErrBadTrajectory)
+	if err := sandbox.CheckBackend(tr.Sandbox.Backend); err != nil {
+		return nil, fmt.Errorf("trajectory %s: sandbox.backend %v: %w", tr.EpisodeID, err, ErrBadTrajectory)
 	}
 	var recLimits *sandbox.Limits
 	if len(tr.Sandbox.Limits) > 0 && string(tr.Sandbox.Limits) != "null" {
@@ -199,13 +197,13 @@ func Episode(ctx context.Context, tr *trajectory.Trajectory, opts Options) (*Rep
 		}
 	}
 	s, err := agent.Open(ctx, cfg)
-	if err != nil {
+	var oe *agent.OpenError
+	if err != nil && !errors.As(err, &oe) {
 		return nil, err
 	}
 	r.Trajectory = filepath.Join(opts.Dir, tr.EpisodeID+".json")
-	if s.Ended() { // the sandbox could not be made
-		got := s.Trajectory()
-		rp.endDiverged(got)
+	if oe != nil { // the sandbox could not be made
+		rp.endDiverged(s.Trajectory())
 		return r, nil
 	}
 

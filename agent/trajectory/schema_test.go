@@ -14,7 +14,7 @@ func validate(t *testing.T, doc []byte) {
 }
 
 func TestAFullTrajectoryMatchesTheJSONSchema(t *testing.T) {
-	code, kind := 1, ErrNonzeroExit
+	code, kind := 1, "nonzero_exit"
 	id := int64(7)
 	ans := "4"
 	now := time.Now().UTC()
@@ -33,7 +33,7 @@ func TestAFullTrajectoryMatchesTheJSONSchema(t *testing.T) {
 		Termination:   &Termination{Reason: EndFinished, Answer: &ans},
 		Reward: &Reward{Total: 1, Components: map[string]float64{"tests": 1},
 			Verifier: &Verifier{Command: "pytest", Stdout: NewBytes([]byte("ok"))}},
-		Stats: Stats{ToolErrors: map[string]int{ErrNonzeroExit: 1}},
+		Stats: Stats{ToolErrors: map[string]int{"nonzero_exit": 1}},
 		Group: &GroupStats{Size: 2, RewardMean: 0.5, Advantage: 0.5},
 	}
 	b, err := json.Marshal(tr)

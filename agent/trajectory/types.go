@@ -17,24 +17,6 @@ const (
 	StepTool  = "tool"
 )
 
-// Error kinds of a tool step: a closed list.
-const (
-	ErrBadArguments    = "bad_arguments"
-	ErrUnknownTool     = "unknown_tool"
-	ErrTimeout         = "timeout"
-	ErrNonzeroExit     = "nonzero_exit"
-	ErrOOM             = "oom"
-	ErrOutputTruncated = "output_truncated"
-	ErrSandbox         = "sandbox_error"
-	ErrPolicy          = "policy_error"
-	// ErrSandboxAbuse: the call's own command broke the sandbox (killed,
-	// froze or exhausted what serves it); the episode ends sandbox_abuse.
-	ErrSandboxAbuse = "sandbox_abuse"
-)
-
-// ErrorKinds is the closed list, in order.
-var ErrorKinds = []string{ErrBadArguments, ErrUnknownTool, ErrTimeout, ErrNonzeroExit, ErrOOM, ErrOutputTruncated, ErrSandbox, ErrPolicy, ErrSandboxAbuse}
-
 // Termination reasons.
 const (
 	EndFinished        = "finished"
@@ -48,10 +30,15 @@ const (
 	// EndSandboxAbuse: the agent's own commands broke its sandbox. Scored,
 	// as a failure (reward 0), never dropped like sandbox_error.
 	EndSandboxAbuse = "sandbox_abuse"
+	// EndRecordError: the episode's record could not be written (a full or
+	// failing disk). Unscored: what it did is not known for sure.
+	EndRecordError = "record_error"
 )
 
 // EndReasons is the closed list of termination reasons.
-var EndReasons = []string{EndFinished, EndMaxTurns, EndContextOverflow, EndEpisodeTimeout, EndPolicyError, EndSandboxError, EndCancelled, EndInterrupted, EndSandboxAbuse}
+func EndReasons() []string {
+	return []string{EndFinished, EndMaxTurns, EndContextOverflow, EndEpisodeTimeout, EndPolicyError, EndSandboxError, EndCancelled, EndInterrupted, EndSandboxAbuse, EndRecordError}
+}
 
 // Scored reports whether an episode that ended for reason may be given a
 // reward: infrastructure ends (sandbox, policy server, cancellation, crash)
@@ -160,7 +147,8 @@ type Step struct {
 	// as a JSON string.
 	Arguments json.RawMessage `json:"arguments,omitempty"`
 	OK        *bool           `json:"ok,omitempty"`
-	// ErrorKind is null or one of ErrorKinds.
+	// ErrorKind is null or one of the closed list of tool error kinds
+	// (tools.ErrorKinds; the JSON Schema's error_kind).
 	ErrorKind *string `json:"error_kind"`
 	Error     string  `json:"error,omitempty"`
 	ExitCode  *int    `json:"exit_code"`

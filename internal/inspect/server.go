@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/tools"
 )
 
 //go:embed web
@@ -242,12 +243,16 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	task, end, kind := q.Get("task"), q.Get("end"), q.Get("error")
-	if end != "" && end != "running" && !slices.Contains(trajectory.EndReasons, end) {
-		apiError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("end %q is not one of %s", end, strings.Join(trajectory.EndReasons, ", ")))
+	if end != "" && end != "running" && !slices.Contains(trajectory.EndReasons(), end) {
+		apiError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("end %q is not one of %s", end, strings.Join(trajectory.EndReasons(), ", ")))
 		return
 	}
-	if kind != "" && kind != "none" && !slices.Contains(trajectory.ErrorKinds, kind) {
-		apiError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("error %q is not none or one of %s", kind, strings.Join(trajectory.ErrorKinds, ", ")))
+	if kinds := tools.ErrorKinds(); kind != "" && kind != "none" && !slices.Contains(kinds, tools.ErrorKind(kind)) {
+		names := make([]string, len(kinds))
+		for i, k := range kinds {
+			names[i] = string(k)
+		}
+		apiError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("error %q is not none or one of %s", kind, strings.Join(names, ", ")))
 		return
 	}
 	kept := l.Episodes[:0:0]

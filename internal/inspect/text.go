@@ -16,6 +16,7 @@ import (
 
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/sandbox"
+	"github.com/rollbox/rollbox/tools"
 )
 
 // Options tune Render.
@@ -140,12 +141,12 @@ func (p printer) tool(s trajectory.Step) {
 	var badges []string
 	if s.ErrorKind != nil {
 		code := red
-		if *s.ErrorKind == trajectory.ErrOutputTruncated {
+		if *s.ErrorKind == string(tools.KindOutputTruncated) {
 			code = yellow
 		}
 		badges = append(badges, p.c(code+bold, *s.ErrorKind))
 	}
-	if s.Truncated && (s.ErrorKind == nil || *s.ErrorKind != trajectory.ErrOutputTruncated) {
+	if s.Truncated && (s.ErrorKind == nil || *s.ErrorKind != string(tools.KindOutputTruncated)) {
 		badges = append(badges, p.c(yellow+bold, "truncated"))
 	}
 	if s.BytesDropped > 0 {
@@ -162,7 +163,7 @@ func (p printer) tool(s trajectory.Step) {
 	}
 	p.f("  %s %s %s  %s %s  %s\n", p.c(dim, fmt.Sprintf("#%d", s.Index)), p.c(bold, s.Name), oneLine(compact(string(s.Arguments)), 120),
 		status, strings.Join(badges, " "), p.c(dim, dur(s.DurationMS)))
-	if s.Error != "" && (s.ErrorKind == nil || *s.ErrorKind != trajectory.ErrNonzeroExit) {
+	if s.Error != "" && (s.ErrorKind == nil || *s.ErrorKind != string(tools.KindNonzeroExit)) {
 		p.f("    %s %s\n", p.c(red, "error:"), s.Error)
 	}
 	for _, path := range slices.Sorted(maps.Keys(s.Files)) {

@@ -1,0 +1,67 @@
+package agent
+
+import (
+	"context"
+	"errors"
+
+	"github.com/rollbox/rollbox/agent/trajectory"
+)
+
+// Run is an episode from start to end: Open (with cfg.Retry), then Drive
+// with cfg.Policy. It is the one episode loop of `rollbox run`, the rollout
+// service and replay's live part; environment mode opens the same way and
+// lets the trainer step.
+//
+// The trajectory is returned whenever there is one. The error is a
+// *RecordError: the record could not be written (the episode has ended
+// record_error); every other failure is recorded as the episode's end.
+func Run(ctx context.Context, cfg Config) (*trajectory.Trajectory, error) {
+	s, err := Open(ctx, cfg)
+	var oe *OpenError
+	switch {
+	case errors.As(err, &oe):
+		return s.Trajectory(), nil
+	case err != nil && s != nil:
+		return s.Trajectory(), err
+	case err != nil:
+		return nil, err
+	}
+	if cfg.OnOpen != nil {
+		cfg.OnOpen(s)
+	}
+	return s.Drive(ctx, cfg.Policy)
+}
+
+// Drive asks p for turns and steps the episode until it ends; replay drives
+// a session it has already stepped through recorded turns. An episode ended
+// meanwhile by Cancel or Finish ends the loop. The error is a *RecordError,
+// returned with the trajectory.
+func (s *Session) Drive(ctx context.Context, p Policy) (*trajectory.Trajectory, error) {
+	for !s.Ended() {
+		if derr := s.deadlineErr(ctx); derr != nil {
+			s.mu.Lock()
+			err := s.endCtx(ctx, derr)
+			s.mu.Unlock()
+			if err != nil {
+				return s.Trajectory(), err
+			}
+			break
+		}
+		pctx, cancel := context.WithDeadline(ctx, s.deadline)
+		turn, err := p.Next(pctx, Request{
+			EpisodeID: s.cfg.EpisodeID, TaskID: s.task.ID, Turn: s.Turn(),
+			Messages: s.Messages(), Tools: s.Tools(), Sampling: s.cfg.Sampling,
+		})
+		cancel()
+		if err != nil {
+			if err := s.EndPolicy(ctx, err); err != nil {
+				return s.Trajectory(), err
+			}
+			break
+		}
+		if _, _, err := s.Step(ctx, turn); err != nil && !errors.Is(err, ErrEnded) {
+			return s.Trajectory(), err
+		}
+	}
+	return s.Trajectory(), nil
+}

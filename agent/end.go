@@ -1,0 +1,194 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rollbox/rollbox/agent/reward"
+	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/sandbox"
+	"github.com/rollbox/rollbox/tools"
+)
+
+// deadlineErr reports the episode deadline or the caller's cancellation.
+func (s *Session) deadlineErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if time.Now().After(s.deadline) {
+		return errEpisodeTimeout
+	}
+	return nil
+}
+
+var errEpisodeTimeout = errors.New("episode deadline passed")
+
+// endCtx ends the episode for a context error or the deadline.
+func (s *Session) endCtx(ctx context.Context, err error) error {
+	switch {
+	case errors.Is(err, errEpisodeTimeout) || errors.Is(err, context.DeadlineExceeded):
+		return s.end(ctx, trajectory.EndEpisodeTimeout, fmt.Sprintf("episode_timeout_s %v passed", s.task.Limits.EpisodeTimeoutS))
+	default:
+		return s.end(ctx, trajectory.EndCancelled, "cancelled: "+err.Error())
+	}
+}
+
+// endFor ends the episode for an error from the sandbox (or the context):
+// sandbox_abuse when the agent's own commands broke the sandbox (scored 0),
+// sandbox_error (unscored) otherwise.
+func (s *Session) endFor(ctx context.Context, err error, what string) error {
+	if cerr := s.deadlineErr(ctx); cerr != nil {
+		return s.endCtx(ctx, cerr)
+	}
+	if sandbox.IsAbuse(err) {
+		return s.end(ctx, trajectory.EndSandboxAbuse, what+": "+err.Error())
+	}
+	return s.end(ctx, trajectory.EndSandboxError, what+": "+err.Error())
+}
+
+// Finish ends the episode as the trainer asks (environment mode): with an
+// answer, like the finish tool. It returns the reward.
+func (s *Session) Finish(ctx context.Context, answer *string, ids []string) (*trajectory.Trajectory, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.ended {
+		s.finish = &tools.Finish{Answer: answer, IDs: ids}
+		if err := s.end(ctx, trajectory.EndFinished, "finished by the caller"); err != nil {
+			return nil, err
+		}
+	}
+	return s.tr, nil
+}
+
+// Cancel ends the episode cancelled (or interrupted) unless it has ended.
+func (s *Session) Cancel(ctx context.Context, reason, message string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended {
+		return nil
+	}
+	return s.end(ctx, reason, message)
+}
+
+// EndPolicy ends the episode for a policy failure.
+func (s *Session) EndPolicy(ctx context.Context, err error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended {
+		return nil
+	}
+	if cerr := s.deadlineErr(ctx); cerr != nil {
+		return s.endCtx(ctx, cerr)
+	}
+	return s.end(ctx, trajectory.EndPolicyError, err.Error())
+}
+
+// end computes the reward (when the end is the model's), closes the sandbox
+// and writes the final record. Cleanup runs even if ctx was cancelled. The
+// error is a *RecordError: the record could not be written, and the episode
+// has ended record_error instead.
+func (s *Session) end(ctx context.Context, reason, message string) error {
+	if s.ended {
+		return nil
+	}
+	s.ended = true
+	term := &trajectory.Termination{Reason: reason, Message: message, Step: len(s.w.Trajectory().Steps) - 1}
+	if s.finish != nil {
+		term.Answer, term.IDs = s.finish.Answer, s.finish.IDs
+	}
+	var rw *trajectory.Reward
+	switch {
+	case reason == trajectory.EndSandboxAbuse:
+		// The agent broke its own sandbox: a failure, scored 0 without a
+		// verifier (nothing it left can be trusted), never dropped.
+		rw = abuseReward("the episode's own commands broke its sandbox: " + message)
+	case trajectory.Scored(reason) && s.sb != nil:
+		term, rw = s.verify(context.WithoutCancel(ctx), term)
+	}
+	s.closeSandbox()
+	return s.writeEnd(term, rw)
+}
+
+// verify runs the task's reward over an episode that ended for the model's
+// reasons: the one place the verifier is called. A verifier that meets a
+// failed sandbox turns the end into sandbox_error (unscored); one that meets
+// a sandbox the agent's own commands broke, into sandbox_abuse (scored 0).
+func (s *Session) verify(ctx context.Context, term *trajectory.Termination) (*trajectory.Termination, *trajectory.Reward) {
+	in := reward.Input{Sandbox: s.sb, Workdir: s.sb.Info().Workdir, TaskFiles: s.taskFiles,
+		SeenIDs: s.seenIDs, PruneSizes: s.pruneSizes, VerifierOutputCap: s.task.Limits.MaxStoredOutputBytes}
+	if s.finish != nil {
+		in.Answer, in.IDs = s.finish.Answer, s.finish.IDs
+	}
+	r, err := reward.Evaluate(ctx, s.task.Reward, in)
+	switch {
+	case err != nil && sandbox.IsAbuse(err):
+		msg := fmt.Sprintf("the episode's sandbox, broken by its own commands, could not verify (episode had ended %s): %v", term.Reason, err)
+		return &trajectory.Termination{Reason: trajectory.EndSandboxAbuse, Step: term.Step, Answer: term.Answer, IDs: term.IDs, Message: msg}, abuseReward(msg)
+	case err != nil:
+		return &trajectory.Termination{Reason: trajectory.EndSandboxError, Step: term.Step, Answer: term.Answer, IDs: term.IDs,
+			Message: fmt.Sprintf("the sandbox failed while computing the reward (episode had ended %s): %v", term.Reason, err)}, nil
+	}
+	return term, r
+}
+
+func abuseReward(detail string) *trajectory.Reward {
+	return &trajectory.Reward{Total: 0, Components: map[string]float64{trajectory.AbuseComponent: 0}, Details: []string{detail}}
+}
+
+func (s *Session) closeSandbox() {
+	if s.sb != nil {
+		s.sb.Close()
+	}
+}
+
+// writeEnd writes the final record. One that cannot be written ends the
+// episode record_error (unscored) in memory, and returns a *RecordError.
+func (s *Session) writeEnd(term *trajectory.Termination, rw *trajectory.Reward) error {
+	s.stats.DurationMS = ms(time.Since(s.start))
+	err := s.w.End(term, rw, s.stats)
+	tr := s.w.Trajectory()
+	s.tr = tr
+	if err == nil {
+		return nil
+	}
+	if term.Reason != trajectory.EndRecordError {
+		tr.Termination = &trajectory.Termination{Reason: trajectory.EndRecordError, Step: term.Step, Answer: term.Answer, IDs: term.IDs,
+			Message: fmt.Sprintf("the record could not be written (the episode had ended %s): %v", term.Reason, err)}
+		tr.Reward = nil
+	}
+	return &RecordError{EpisodeID: s.cfg.EpisodeID, Err: err}
+}
+
+// failRecord ends the episode record_error after a write of its record
+// failed: the sandbox is closed, the end is written if the disk still takes
+// it, and the *RecordError is returned.
+func (s *Session) failRecord(err error) error {
+	re := &RecordError{EpisodeID: s.cfg.EpisodeID, Err: err}
+	if s.ended {
+		return re
+	}
+	s.ended = true
+	s.closeSandbox()
+	term := &trajectory.Termination{Reason: trajectory.EndRecordError, Step: len(s.w.Trajectory().Steps) - 1,
+		Message: "the record could not be written: " + err.Error()}
+	if werr := s.writeEnd(term, nil); werr != nil {
+		re.Err = errors.Join(err, werr.(*RecordError).Err)
+	}
+	return re
+}
+
+// RecordError is an episode whose trajectory could not be written (a full
+// or failing disk). The episode has ended record_error: unscored, its
+// sandbox closed; Session.Trajectory holds what is known of it.
+type RecordError struct {
+	EpisodeID string
+	Err       error
+}
+
+func (e *RecordError) Error() string {
+	return fmt.Sprintf("episode %s: its record could not be written: %v", e.EpisodeID, e.Err)
+}
+
+func (e *RecordError) Unwrap() error { return e.Err }

@@ -1,0 +1,53 @@
+package agent_test
+
+import (
+	"encoding/json"
+	"slices"
+	"testing"
+
+	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/tools"
+)
+
+// The trajectory's JSON Schema spells the closed lists the code defines
+// once: tool error kinds (tools.ErrorKinds) and ends (trajectory.EndReasons).
+func TestTheTrajectorySchemaListsTheSameErrorKindsAndEnds(t *testing.T) {
+	type enum struct {
+		Enum []any `json:"enum"`
+	}
+	var schema struct {
+		Defs struct {
+			ErrorKind enum `json:"error_kind"`
+		} `json:"$defs"`
+		Properties struct {
+			Termination struct {
+				Properties struct {
+					Reason enum `json:"reason"`
+				} `json:"properties"`
+			} `json:"termination"`
+		} `json:"properties"`
+	}
+	if err := json.Unmarshal(trajectory.JSONSchema, &schema); err != nil {
+		t.Fatal(err)
+	}
+	var kinds, ends []string
+	for _, v := range schema.Defs.ErrorKind.Enum {
+		if s, ok := v.(string); ok {
+			kinds = append(kinds, s)
+		}
+	}
+	for _, v := range schema.Properties.Termination.Properties.Reason.Enum {
+		s, _ := v.(string)
+		ends = append(ends, s)
+	}
+	var want []string
+	for _, k := range tools.ErrorKinds() {
+		want = append(want, string(k))
+	}
+	if !slices.Equal(kinds, want) {
+		t.Errorf("schema error_kind %v, tools.ErrorKinds %v", kinds, want)
+	}
+	if !slices.Equal(ends, trajectory.EndReasons()) {
+		t.Errorf("schema reason %v, trajectory.EndReasons %v", ends, trajectory.EndReasons())
+	}
+}
