@@ -22,7 +22,6 @@ import (
 
 	"github.com/rollbox/rollbox/images"
 	"github.com/rollbox/rollbox/sandbox/wasm/internal/shell"
-	"github.com/rollbox/rollbox/sandbox/wasm/internal/vfs"
 )
 
 // Guest programs built from images/wasm.
@@ -111,7 +110,7 @@ func (b *Backend) compile(ctx context.Context, data []byte, name string) (wazero
 
 // loadUser compiles a .wasm file from an episode's filesystem, caching by
 // content.
-func (b *Backend) loadUser(ctx context.Context, fsys *vfs.FS, p string) (*program, error) {
+func (b *Backend) loadUser(ctx context.Context, fsys shell.FS, p string) (*program, error) {
 	data, err := fsys.ReadFile(p, 256<<20)
 	if err != nil {
 		return nil, err
@@ -162,7 +161,7 @@ type execPrograms struct {
 	oom  bool
 }
 
-func (e *execPrograms) Lookup(fsys *vfs.FS, dir, name string) (string, bool) {
+func (e *execPrograms) Lookup(fsys shell.FS, dir, name string) (string, bool) {
 	if n, ok := aliases[name]; ok {
 		return n, true
 	}

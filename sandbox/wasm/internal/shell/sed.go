@@ -3,6 +3,7 @@ package shell
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"regexp"
@@ -288,16 +289,45 @@ func (c *sedCmd) selects(line string, n int, last bool) bool {
 	return sel != c.neg
 }
 
-func runSed(cmds []*sedCmd, quiet bool, r io.Reader, w *bufio.Writer) error {
+// runSed runs the script over r. Lines (the one read ahead and the one
+// being edited, which substitutions may grow) are charged to c's memory
+// budget while held.
+func runSed(c0 *cmd, cmds []*sedCmd, quiet bool, r io.Reader, w *bufio.Writer) error {
 	br := bufio.NewReaderSize(r, 64<<10)
-	next, nextErr := br.ReadString('\n')
+	var held int64
+	defer func() { c0.unhold(held) }()
+	readLine := func() (string, error) {
+		var b strings.Builder
+		for {
+			chunk, err := br.ReadSlice('\n')
+			if err := c0.hold(int64(len(chunk)), "a line"); err != nil {
+				return "", err
+			}
+			held += int64(len(chunk))
+			b.Write(chunk)
+			if !errors.Is(err, bufio.ErrBufferFull) {
+				return b.String(), err
+			}
+		}
+	}
+	next, nextErr := readLine()
+	if errors.Is(nextErr, ErrOOM) {
+		return nextErr
+	}
 	n := 0
 	for next != "" || nextErr == nil {
 		raw := next
 		if nextErr != nil && raw == "" {
 			break
 		}
-		next, nextErr = br.ReadString('\n')
+		c0.unhold(held)
+		held = 0
+		c0.hold(int64(len(raw)), "a line")
+		held += int64(len(raw))
+		next, nextErr = readLine()
+		if errors.Is(nextErr, ErrOOM) {
+			return nextErr
+		}
 		last := next == "" && nextErr != nil
 		n++
 		hadNL := strings.HasSuffix(raw, "\n")
@@ -323,6 +353,12 @@ func runSed(cmds []*sedCmd, quiet bool, r io.Reader, w *bufio.Writer) error {
 					var dst []byte
 					return string(c.re.ExpandString(dst, c.repl, m, sub))
 				})
+				if grow := int64(len(line)) - int64(len(raw)); grow > 0 {
+					if err := c0.hold(grow, "a substitution"); err != nil {
+						return err
+					}
+					held += grow
+				}
 				if replaced && c.print {
 					w.WriteString(line + "\n")
 				}
@@ -398,7 +434,7 @@ func cmdSed(c *cmd) int {
 			if i+1 >= len(args) {
 				return c.errf("option requires an argument -- 'f'")
 			}
-			data, err := c.fs().ReadFile(c.abs(args[i+1]), 1<<20)
+			data, err := c.readFile(args[i+1])
 			if err != nil {
 				return c.errf("couldn't open file %s: %s", args[i+1], errText(err))
 			}
@@ -433,17 +469,17 @@ func cmdSed(c *cmd) int {
 	if inPlace {
 		code := 0
 		for _, f := range files {
-			data, err := c.fs().ReadFile(c.abs(f), c.s.g.limits.MemoryBytes/2)
+			data, err := c.readFile(f)
 			if err != nil {
 				code = c.errf("can't read %s: %s", f, errText(err))
 				continue
 			}
 			var out bytes.Buffer
-			bw := bufio.NewWriter(&out)
+			bw := bufio.NewWriter(&heldWriter{w: &out, c: c})
 			for _, cm := range cmds {
 				cm.inRange = false
 			}
-			if err := runSed(cmds, quiet, bytes.NewReader(data), bw); err != nil {
+			if err := runSed(c, cmds, quiet, bytes.NewReader(data), bw); err != nil {
 				return c.ioErr(err)
 			}
 			fi, _ := c.fs().Stat(c.abs(f))
@@ -464,7 +500,7 @@ func cmdSed(c *cmd) int {
 			readers = append(readers, c.stdin)
 			continue
 		}
-		h, err := c.fs().Open(c.abs(f))
+		h, err := c.open(f)
 		if err != nil {
 			code = c.errf("can't read %s: %s", f, errText(err))
 			continue
@@ -472,8 +508,22 @@ func cmdSed(c *cmd) int {
 		defer h.Close()
 		readers = append(readers, h)
 	}
-	if err := runSed(cmds, quiet, io.MultiReader(readers...), w); err != nil {
+	if err := runSed(c, cmds, quiet, io.MultiReader(readers...), w); err != nil {
 		return c.ioErr(err)
 	}
 	return code
+}
+
+// heldWriter charges what it writes to the command's memory budget (sed -i
+// builds the new file in memory).
+type heldWriter struct {
+	w io.Writer
+	c *cmd
+}
+
+func (h *heldWriter) Write(p []byte) (int, error) {
+	if err := h.c.hold(int64(len(p)), "its output"); err != nil {
+		return 0, err
+	}
+	return h.w.Write(p)
 }

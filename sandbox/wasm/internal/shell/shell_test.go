@@ -172,11 +172,16 @@ func TestJobsKeepTheirStatus(t *testing.T) {
 	}
 }
 
-func TestRefusedConstructs(t *testing.T) {
-	for _, script := range []string{"cat <(echo x)", "echo {1..100000000}"} {
-		_, errs, o := run(t, newFS(), script)
-		if o.ExitCode != 2 || errs == "" {
-			t.Errorf("%q: exit %d stderr %q, want a refusal", script, o.ExitCode, errs)
-		}
+func TestProcessSubstitutionRunsInMemory(t *testing.T) {
+	out, errs, o := run(t, newFS(), `cat <(echo x); diff <(printf 'a\nb\n') <(printf 'a\nc\n') >/dev/null; echo "diff=$?"; echo hi > >(cat > f); sleep 0.1; cat f`)
+	if out != "x\ndiff=1\nhi\n" || o.ExitCode != 0 {
+		t.Errorf("stdout %q exit %d stderr %q", out, o.ExitCode, errs)
+	}
+}
+
+func TestHugeBraceExpansionsAreRefused(t *testing.T) {
+	_, errs, o := run(t, newFS(), "echo {1..100000000}")
+	if !o.OOM || !strings.Contains(o.Reason, "brace expansion") {
+		t.Errorf("exit %d reason %q stderr %q, want a refusal naming the brace expansion", o.ExitCode, o.Reason, errs)
 	}
 }

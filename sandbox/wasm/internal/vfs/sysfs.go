@@ -11,13 +11,17 @@ import (
 	"github.com/tetratelabs/wazero/sys"
 )
 
-// SysFS adapts f to wazero's experimental sys.FS, for mounting at "/" of a
-// WASI module. Paths wazero hands it are relative to that mount.
+// SysFS adapts an episode filesystem to wazero's experimental sys.FS, for
+// mounting at "/" of a WASI module. Paths wazero hands it are relative to
+// that mount.
+func SysFS(f FileSystem) experimentalsys.FS { return sysFS{f: f} }
+
+// SysFS adapts f (see the function SysFS).
 func (f *FS) SysFS() experimentalsys.FS { return sysFS{f: f} }
 
 type sysFS struct {
 	experimentalsys.UnimplementedFS
-	f *FS
+	f FileSystem
 }
 
 func errno(err error) experimentalsys.Errno {
@@ -60,22 +64,39 @@ func toOflag(flag experimentalsys.Oflag) int {
 }
 
 func (s sysFS) OpenFile(p string, flag experimentalsys.Oflag, perm fs.FileMode) (experimentalsys.File, experimentalsys.Errno) {
-	s.f.mu.Lock()
-	h, err := s.f.openLocked(abs(p), toOflag(flag), perm, flag&experimentalsys.O_NOFOLLOW == 0)
-	s.f.mu.Unlock()
+	f := toOflag(flag)
+	if flag&experimentalsys.O_NOFOLLOW != 0 {
+		f |= syscall.O_NOFOLLOW
+	}
+	if flag&experimentalsys.O_DIRECTORY != 0 {
+		f |= syscall.O_DIRECTORY
+	}
+	h, err := s.f.OpenFile(abs(p), f, perm)
 	if err != nil {
 		return nil, errno(err)
 	}
-	if flag&experimentalsys.O_DIRECTORY != 0 && !h.n.isDir() {
-		return nil, experimentalsys.ENOTDIR
+	fi, err := h.Stat()
+	if err != nil {
+		h.Close()
+		return nil, errno(err)
 	}
-	return &sysFile{h: h, seeker: seeker[int64]{h: h}}, 0
+	return &sysFile{h: h, info: fi, seeker: seeker[int64]{h: h}}, 0
+}
+
+// inoNlink are what an Info adds to fs.FileInfo.
+type inoNlink interface {
+	Ino() uint64
+	Nlink() uint64
 }
 
 func stat(fi fs.FileInfo) sys.Stat_t {
-	i := fi.(*fileInfo)
-	return sys.Stat_t{Dev: 1, Ino: i.ino, Mode: i.mode, Nlink: i.nlink, Size: i.size,
-		Atim: i.mtime, Mtim: i.mtime, Ctim: i.mtime}
+	st := sys.Stat_t{Dev: 1, Mode: fi.Mode(), Nlink: 1, Size: fi.Size()}
+	if i, ok := fi.(inoNlink); ok {
+		st.Ino, st.Nlink = i.Ino(), i.Nlink()
+	}
+	t := fi.ModTime().UnixNano()
+	st.Atim, st.Mtim, st.Ctim = t, t, t
+	return st
 }
 
 func (s sysFS) Lstat(p string) (sys.Stat_t, experimentalsys.Errno) {
@@ -147,7 +168,8 @@ func (s sysFS) Utimens(p string, atim, mtim int64) experimentalsys.Errno {
 type sysFile struct {
 	unimplementedFile
 	seeker[int64]
-	h *File
+	h    File
+	info fs.FileInfo // at open: the node's identity and type
 }
 
 // unimplementedFile puts wazero's defaults one level deeper than seeker, so
@@ -160,7 +182,7 @@ type unimplementedFile struct {
 // type is a type parameter (always int64) only because vet's stdmethods
 // check takes every Seek(int64, int) for an io.Seeker and flags the Errno
 // result that wazero's interface requires.
-type seeker[O ~int64] struct{ h *File }
+type seeker[O ~int64] struct{ h File }
 
 func (s seeker[O]) Seek(offset O, whence int) (O, experimentalsys.Errno) {
 	n, err := s.h.Seek(int64(offset), whence)
@@ -168,9 +190,9 @@ func (s seeker[O]) Seek(offset O, whence int) (O, experimentalsys.Errno) {
 }
 
 func (s *sysFile) Dev() (uint64, experimentalsys.Errno)      { return 1, 0 }
-func (s *sysFile) Ino() (sys.Inode, experimentalsys.Errno)   { return s.h.n.ino, 0 }
-func (s *sysFile) IsDir() (bool, experimentalsys.Errno)      { return s.h.n.isDir(), 0 }
-func (s *sysFile) IsAppend() bool                            { return s.h.flag&syscall.O_APPEND != 0 }
+func (s *sysFile) Ino() (sys.Inode, experimentalsys.Errno)   { return stat(s.info).Ino, 0 }
+func (s *sysFile) IsDir() (bool, experimentalsys.Errno)      { return s.info.IsDir(), 0 }
+func (s *sysFile) IsAppend() bool                            { return s.h.Append() }
 func (s *sysFile) IsNonblock() bool                          { return false }
 func (s *sysFile) SetNonblock(bool) experimentalsys.Errno    { return 0 }
 func (s *sysFile) Sync() experimentalsys.Errno               { return 0 }
@@ -178,16 +200,7 @@ func (s *sysFile) Datasync() experimentalsys.Errno           { return 0 }
 func (s *sysFile) Close() experimentalsys.Errno              { return errno(s.h.Close()) }
 func (s *sysFile) Truncate(size int64) experimentalsys.Errno { return errno(s.h.Truncate(size)) }
 
-func (s *sysFile) SetAppend(enable bool) experimentalsys.Errno {
-	s.h.mu.Lock()
-	defer s.h.mu.Unlock()
-	if enable {
-		s.h.flag |= syscall.O_APPEND
-	} else {
-		s.h.flag &^= syscall.O_APPEND
-	}
-	return 0
-}
+func (s *sysFile) SetAppend(enable bool) experimentalsys.Errno { return errno(s.h.SetAppend(enable)) }
 
 func (s *sysFile) Stat() (sys.Stat_t, experimentalsys.Errno) {
 	fi, err := s.h.Stat()
@@ -231,7 +244,10 @@ func (s *sysFile) Readdir(n int) ([]experimentalsys.Dirent, experimentalsys.Errn
 	out := make([]experimentalsys.Dirent, len(des))
 	for i, de := range des {
 		fi, _ := de.Info()
-		out[i] = experimentalsys.Dirent{Name: de.Name(), Type: de.Type(), Ino: fi.(*fileInfo).ino}
+		out[i] = experimentalsys.Dirent{Name: de.Name(), Type: de.Type()}
+		if fi != nil {
+			out[i].Ino = stat(fi).Ino
+		}
 	}
 	return out, 0
 }
@@ -240,10 +256,7 @@ func (s *sysFile) Utimens(atim, mtim int64) experimentalsys.Errno {
 	if mtim == experimentalsys.UTIME_OMIT {
 		return 0
 	}
-	s.h.fs.mu.Lock()
-	s.h.n.mtime = mtim
-	s.h.fs.mu.Unlock()
-	return 0
+	return errno(s.h.SetModTime(time.Unix(0, mtim)))
 }
 
 var _ experimentalsys.File = (*sysFile)(nil)

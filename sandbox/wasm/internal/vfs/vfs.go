@@ -537,17 +537,23 @@ func (f *FS) truncateLocked(n *node, size int64) error {
 // OpenFile opens p with os.OpenFile's flags (O_RDONLY, O_WRONLY, O_RDWR,
 // O_CREATE, O_EXCL, O_TRUNC, O_APPEND). Directories open read-only, for
 // ReadDir.
-func (f *FS) OpenFile(p string, flag int, perm fs.FileMode) (*File, error) {
+func (f *FS) OpenFile(p string, flag int, perm fs.FileMode) (File, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	h, err := f.openLocked(p, flag, perm, true)
-	return h, pathErr("open", p, err)
+	h, err := f.openLocked(p, flag, perm, flag&syscall.O_NOFOLLOW == 0)
+	if err != nil {
+		return nil, pathErr("open", p, err)
+	}
+	if flag&syscall.O_DIRECTORY != 0 && !h.n.isDir() {
+		return nil, pathErr("open", p, syscall.ENOTDIR)
+	}
+	return h, nil
 }
 
 // Open opens p for reading.
-func (f *FS) Open(p string) (*File, error) { return f.OpenFile(p, syscall.O_RDONLY, 0) }
+func (f *FS) Open(p string) (File, error) { return f.OpenFile(p, syscall.O_RDONLY, 0) }
 
-func (f *FS) openLocked(p string, flag int, perm fs.FileMode, follow bool) (*File, error) {
+func (f *FS) openLocked(p string, flag int, perm fs.FileMode, follow bool) (*handle, error) {
 	n, parent, name, err := f.walk(p, follow)
 	if err != nil {
 		return nil, err
@@ -585,7 +591,7 @@ func (f *FS) openLocked(p string, flag int, perm fs.FileMode, follow bool) (*Fil
 			}
 		}
 	}
-	return &File{fs: f, n: n, name: nameOf(p, name), flag: flag}, nil
+	return &handle{fs: f, n: n, name: nameOf(p, name), flag: flag &^ (syscall.O_NOFOLLOW | syscall.O_DIRECTORY)}, nil
 }
 
 // ReadFile returns a file's contents (following symlinks), refusing one
@@ -655,8 +661,9 @@ func itoa(n int64) string {
 	return string(b[i:])
 }
 
-// fileInfo is an fs.FileInfo snapshot.
-type fileInfo struct {
+// Info is an fs.FileInfo snapshot of a node, with its inode number and
+// link count.
+type Info struct {
 	name  string
 	size  int64
 	mode  fs.FileMode
@@ -665,8 +672,8 @@ type fileInfo struct {
 	nlink uint64
 }
 
-func (f *FS) info(n *node, name string) *fileInfo {
-	fi := &fileInfo{name: name, mode: n.mode, mtime: n.mtime, ino: n.ino, nlink: 1}
+func (f *FS) info(n *node, name string) *Info {
+	fi := &Info{name: name, mode: n.mode, mtime: n.mtime, ino: n.ino, nlink: 1}
 	switch {
 	case n.isRegular():
 		fi.size = int64(len(n.data))
@@ -678,18 +685,27 @@ func (f *FS) info(n *node, name string) *fileInfo {
 	return fi
 }
 
-func (fi *fileInfo) Name() string       { return fi.name }
-func (fi *fileInfo) Size() int64        { return fi.size }
-func (fi *fileInfo) Mode() fs.FileMode  { return fi.mode }
-func (fi *fileInfo) ModTime() time.Time { return time.Unix(0, fi.mtime) }
-func (fi *fileInfo) IsDir() bool        { return fi.mode.IsDir() }
-func (fi *fileInfo) Sys() any           { return nil }
+func (fi *Info) Name() string       { return fi.name }
+func (fi *Info) Size() int64        { return fi.size }
+func (fi *Info) Mode() fs.FileMode  { return fi.mode }
+func (fi *Info) ModTime() time.Time { return time.Unix(0, fi.mtime) }
+func (fi *Info) IsDir() bool        { return fi.mode.IsDir() }
+func (fi *Info) Sys() any           { return nil }
 
 // Ino is the node's inode number.
-func (fi *fileInfo) Ino() uint64 { return fi.ino }
+func (fi *Info) Ino() uint64 { return fi.ino }
 
-// File is an open file or directory.
-type File struct {
+// Nlink is the node's link count.
+func (fi *Info) Nlink() uint64 { return fi.nlink }
+
+// NewInfo makes an Info (a file system served from another process
+// describes its nodes with it).
+func NewInfo(name string, size int64, mode fs.FileMode, mtime time.Time, ino, nlink uint64) *Info {
+	return &Info{name: name, size: size, mode: mode, mtime: mtime.UnixNano(), ino: ino, nlink: nlink}
+}
+
+// handle is an open file or directory of an FS.
+type handle struct {
 	fs   *FS
 	n    *node
 	name string
@@ -701,13 +717,13 @@ type File struct {
 	closed bool
 }
 
-var _ io.ReadWriteCloser = (*File)(nil)
+var _ File = (*handle)(nil)
 
-func (h *File) readable() bool { return h.flag&syscall.O_WRONLY == 0 }
-func (h *File) writable() bool { return h.flag&(syscall.O_WRONLY|syscall.O_RDWR) != 0 }
+func (h *handle) readable() bool { return h.flag&syscall.O_WRONLY == 0 }
+func (h *handle) writable() bool { return h.flag&(syscall.O_WRONLY|syscall.O_RDWR) != 0 }
 
 // Read reads from the current offset.
-func (h *File) Read(p []byte) (int, error) {
+func (h *handle) Read(p []byte) (int, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	n, err := h.pread(p, h.pos)
@@ -716,11 +732,11 @@ func (h *File) Read(p []byte) (int, error) {
 }
 
 // ReadAt reads at off.
-func (h *File) ReadAt(p []byte, off int64) (int, error) {
+func (h *handle) ReadAt(p []byte, off int64) (int, error) {
 	return h.pread(p, off)
 }
 
-func (h *File) pread(p []byte, off int64) (int, error) {
+func (h *handle) pread(p []byte, off int64) (int, error) {
 	if h.closed {
 		return 0, fs.ErrClosed
 	}
@@ -748,7 +764,7 @@ func (h *File) pread(p []byte, off int64) (int, error) {
 }
 
 // Write writes at the current offset, or at the end with O_APPEND.
-func (h *File) Write(p []byte) (int, error) {
+func (h *handle) Write(p []byte) (int, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
@@ -773,7 +789,7 @@ func (h *File) Write(p []byte) (int, error) {
 }
 
 // WriteAt writes at off.
-func (h *File) WriteAt(p []byte, off int64) (int, error) {
+func (h *handle) WriteAt(p []byte, off int64) (int, error) {
 	if !h.writable() {
 		return 0, syscall.EBADF
 	}
@@ -783,7 +799,7 @@ func (h *File) WriteAt(p []byte, off int64) (int, error) {
 }
 
 // writeLocked writes p at off (-1: append) under fs.mu.
-func (h *File) writeLocked(p []byte, off int64) (int, error) {
+func (h *handle) writeLocked(p []byte, off int64) (int, error) {
 	n := h.n
 	switch {
 	case n.dev != devNone:
@@ -820,7 +836,7 @@ func (h *File) writeLocked(p []byte, off int64) (int, error) {
 }
 
 // Seek sets the offset.
-func (h *File) Seek(offset int64, whence int) (int64, error) {
+func (h *handle) Seek(offset int64, whence int) (int64, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var base int64
@@ -843,14 +859,14 @@ func (h *File) Seek(offset int64, whence int) (int64, error) {
 }
 
 // Stat describes the open file.
-func (h *File) Stat() (fs.FileInfo, error) {
+func (h *handle) Stat() (fs.FileInfo, error) {
 	h.fs.mu.RLock()
 	defer h.fs.mu.RUnlock()
 	return h.fs.info(h.n, h.name), nil
 }
 
 // ReadDir reads directory entries, like os.File.ReadDir.
-func (h *File) ReadDir(n int) ([]fs.DirEntry, error) {
+func (h *handle) ReadDir(n int) ([]fs.DirEntry, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !h.n.isDir() {
@@ -874,7 +890,7 @@ func (h *File) ReadDir(n int) ([]fs.DirEntry, error) {
 }
 
 // Truncate sets the file's size.
-func (h *File) Truncate(size int64) error {
+func (h *handle) Truncate(size int64) error {
 	if !h.writable() {
 		return syscall.EBADF
 	}
@@ -884,9 +900,43 @@ func (h *File) Truncate(size int64) error {
 }
 
 // Close is idempotent.
-func (h *File) Close() error {
+func (h *handle) Close() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.closed = true
 	return nil
+}
+
+// SetAppend turns O_APPEND on or off (WASI's fd_fdstat_set_flags).
+func (h *handle) SetAppend(on bool) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if on {
+		h.flag |= syscall.O_APPEND
+	} else {
+		h.flag &^= syscall.O_APPEND
+	}
+	return nil
+}
+
+// Append reports O_APPEND.
+func (h *handle) Append() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.flag&syscall.O_APPEND != 0
+}
+
+// SetModTime sets the open node's modification time.
+func (h *handle) SetModTime(t time.Time) error {
+	h.fs.mu.Lock()
+	h.n.mtime = t.UnixNano()
+	h.fs.mu.Unlock()
+	return nil
+}
+
+// Usage reports the bytes charged and the quota.
+func (f *FS) Usage() (used, limit int64) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.used, f.limit
 }
