@@ -63,10 +63,7 @@ func searchEpisode(t *testing.T, taskJSON string, turns ...agent.Turn) (*traject
 		t.Fatal(err)
 	}
 	defer ix.Close()
-	tasks, err := agent.ReadTasks(strings.NewReader(strings.Join(strings.Fields(taskJSON), " ")), filepath.Join(dir, "tasks.jsonl"), func(n string) bool {
-		_, ok := tools.Builtins()[n]
-		return ok || n == "search" || n == "read" || n == "prune"
-	})
+	tasks, err := agent.ReadTasks(strings.NewReader(strings.Join(strings.Fields(taskJSON), " ")), filepath.Join(dir, "tasks.jsonl"), tools.Known)
 	if err != nil {
 		t.Fatal(err)
 	}

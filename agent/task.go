@@ -14,11 +14,13 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/rollbox/rollbox/agent/reward"
 	"github.com/rollbox/rollbox/sandbox"
+	"github.com/rollbox/rollbox/tools"
 )
 
 // Task is one line of a task file.
@@ -105,12 +107,6 @@ const (
 	DefaultMaxStoredOutputBytes = 1 << 20
 )
 
-// DefaultTools are offered when a task names none.
-var DefaultTools = []string{"bash", "read_file", "write_file", "edit", "run_tests", "finish"}
-
-// DefaultSearchTools are offered when a task with a retriever names none.
-var DefaultSearchTools = []string{"search", "read", "prune", "finish"}
-
 var taskIDRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
 // WithDefaults fills unset limits and tools.
@@ -135,24 +131,11 @@ func (t *Task) WithDefaults() {
 		l.MaxStoredOutputBytes = DefaultMaxStoredOutputBytes
 	}
 	if len(t.Tools) == 0 && t.Retriever != nil {
-		t.Tools = append([]string{}, DefaultSearchTools...)
+		t.Tools = tools.DefaultSearchNames()
 	}
 	if len(t.Tools) == 0 {
-		t.Tools = append([]string{}, DefaultTools...)
-		if t.Reward.TestCommand() == "" {
-			t.Tools = removeString(t.Tools, "run_tests")
-		}
+		t.Tools = tools.DefaultNames(t.Reward.TestCommand() != "")
 	}
-}
-
-func removeString(ss []string, s string) []string {
-	out := ss[:0]
-	for _, x := range ss {
-		if x != s {
-			out = append(out, x)
-		}
-	}
-	return out
 }
 
 // SandboxSpec is the sandbox the task asks for.
@@ -179,10 +162,10 @@ func (t *Task) Validate(knownTools func(string) bool) error {
 	if strings.TrimSpace(t.Prompt) == "" {
 		return errors.New("prompt: required")
 	}
-	switch t.Sandbox.Backend {
-	case "", "wasm", "docker":
-	default:
-		return fmt.Errorf("sandbox.backend %q is not one of wasm, docker", t.Sandbox.Backend)
+	if b := t.Sandbox.Backend; b != "" {
+		if err := sandbox.CheckBackend(b); err != nil {
+			return fmt.Errorf("sandbox.backend %v", err)
+		}
 	}
 	if t.Sandbox.Limits.ExecTimeoutS < 0 {
 		return fmt.Errorf("sandbox.limits.exec_timeout_s: %v is negative", t.Sandbox.Limits.ExecTimeoutS)
@@ -234,7 +217,7 @@ func (t *Task) Validate(knownTools func(string) bool) error {
 	if err := t.Reward.Validate("reward"); err != nil {
 		return err
 	}
-	if seen["run_tests"] && t.Reward.TestCommand() == "" {
+	if seen[tools.NameRunTests] && t.Reward.TestCommand() == "" {
 		return errors.New("tools: run_tests needs a reward of type tests (its command is what run_tests runs)")
 	}
 	l := t.Limits
@@ -267,7 +250,7 @@ func (t *Task) Validate(knownTools func(string) bool) error {
 	}
 	if t.Retriever == nil {
 		for i, name := range t.Tools {
-			if name == "search" || name == "read" || name == "prune" {
+			if slices.Contains(tools.SearchNames(), name) {
 				return fmt.Errorf("tools[%d]: %s needs a retriever: {\"retriever\": {\"index\": \"DIR\"}}", i, name)
 			}
 		}

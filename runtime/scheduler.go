@@ -53,7 +53,7 @@ func (l Limits) withDefaults() Limits {
 	if l.MaxQueued <= 0 {
 		l.MaxQueued = 100000
 	}
-	b := map[string]int{"wasm": l.MaxRunning, "docker": 256}
+	b := map[string]int{sandbox.BackendWASM: l.MaxRunning, sandbox.BackendDocker: 256}
 	for k, v := range l.Backend {
 		b[k] = v
 	}
@@ -61,7 +61,7 @@ func (l Limits) withDefaults() Limits {
 	if l.PolicyConcurrency <= 0 {
 		l.PolicyConcurrency = 1024
 	}
-	w := map[string]int{"docker": 16}
+	w := map[string]int{sandbox.BackendDocker: 16}
 	for k, v := range l.WarmPool {
 		w[k] = v
 	}

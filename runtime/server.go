@@ -102,7 +102,7 @@ func Open(opts Options) (*Server, *Recovery, error) {
 		opts.DefaultBackend = "wasm"
 	}
 	if opts.KnownTool == nil {
-		opts.KnownTool = func(name string) bool { _, ok := tools.Builtins()[name]; return ok }
+		opts.KnownTool = tools.Known
 	}
 	if opts.Registry == nil {
 		opts.Registry = prometheus.NewRegistry()

@@ -87,7 +87,7 @@ func digest(b []byte) string {
 type Bash struct{}
 
 func (Bash) Schema() Schema {
-	return schema("bash", "Run a shell command in the sandbox and return its output and exit code.", object(map[string]*param{
+	return schema(NameBash, "Run a shell command in the sandbox and return its output and exit code.", object(map[string]*param{
 		"command":   str("the shell command line"),
 		"timeout_s": integer("seconds before the command is killed (bounded by the task's limit)", 1, 86400),
 	}, "command"))
@@ -101,7 +101,7 @@ func (Bash) Run(ctx context.Context, env *Env, args map[string]any) (Result, err
 type Python struct{}
 
 func (Python) Schema() Schema {
-	return schema("python", "Run a Python program in the sandbox and return its output.", object(map[string]*param{
+	return schema(NamePython, "Run a Python program in the sandbox and return its output.", object(map[string]*param{
 		"code": str("the program's source"),
 	}, "code"))
 }
@@ -125,7 +125,7 @@ func (Python) Run(ctx context.Context, env *Env, args map[string]any) (Result, e
 type ReadFile struct{}
 
 func (ReadFile) Schema() Schema {
-	return schema("read_file", "Read a file, optionally only lines start_line..end_line (1-based, inclusive).", object(map[string]*param{
+	return schema(NameReadFile, "Read a file, optionally only lines start_line..end_line (1-based, inclusive).", object(map[string]*param{
 		"path":       str("the file, absolute or relative to the working directory"),
 		"start_line": integer("first line to return", 1, 1e9),
 		"end_line":   integer("last line to return", 1, 1e9),
@@ -136,7 +136,7 @@ func (ReadFile) Run(ctx context.Context, env *Env, args map[string]any) (Result,
 	p := env.resolve(args["path"].(string))
 	data, err := env.Sandbox.ReadFile(ctx, p, maxReadBytes)
 	if err != nil {
-		return fileError("read_file", p, err)
+		return fileError(NameReadFile, p, err)
 	}
 	start, hasStart := args["start_line"].(float64)
 	end, hasEnd := args["end_line"].(float64)
@@ -169,7 +169,7 @@ func (ReadFile) Run(ctx context.Context, env *Env, args map[string]any) (Result,
 type WriteFile struct{}
 
 func (WriteFile) Schema() Schema {
-	return schema("write_file", "Create or replace a file with the given content.", object(map[string]*param{
+	return schema(NameWriteFile, "Create or replace a file with the given content.", object(map[string]*param{
 		"path":    str("the file, absolute or relative to the working directory"),
 		"content": strAny("the whole new content"),
 	}, "path", "content"))
@@ -188,7 +188,7 @@ func (WriteFile) Run(ctx context.Context, env *Env, args map[string]any) (Result
 type Edit struct{}
 
 func (Edit) Schema() Schema {
-	return schema("edit", "Replace the one exact occurrence of old_string in a file with new_string. Fails if old_string occurs zero or several times.", object(map[string]*param{
+	return schema(NameEdit, "Replace the one exact occurrence of old_string in a file with new_string. Fails if old_string occurs zero or several times.", object(map[string]*param{
 		"path":       str("the file, absolute or relative to the working directory"),
 		"old_string": str("the exact text to replace; must occur exactly once"),
 		"new_string": strAny("the replacement text"),
@@ -220,7 +220,7 @@ func (Edit) Run(ctx context.Context, env *Env, args map[string]any) (Result, err
 type RunTests struct{}
 
 func (RunTests) Schema() Schema {
-	return schema("run_tests", "Run the task's tests and return their output.", object(map[string]*param{}))
+	return schema(NameRunTests, "Run the task's tests and return their output.", object(map[string]*param{}))
 }
 
 func (RunTests) Run(ctx context.Context, env *Env, args map[string]any) (Result, error) {
@@ -238,7 +238,7 @@ func (RunTests) Run(ctx context.Context, env *Env, args map[string]any) (Result,
 type FinishTool struct{}
 
 func (FinishTool) Schema() Schema {
-	return schema("finish", "End the episode, giving the final answer (and, for search tasks, the ids of the relevant documents).", object(map[string]*param{
+	return schema(NameFinish, "End the episode, giving the final answer (and, for search tasks, the ids of the relevant documents).", object(map[string]*param{
 		"answer": strAny("the final answer"),
 		"ids":    strList("ids of the documents you judge relevant"),
 	}))

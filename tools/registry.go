@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -196,17 +197,65 @@ func failf(kind ErrorKind, format string, args ...any) Result {
 	return Result{ErrorKind: kind, Err: msg, Text: "error: " + msg}
 }
 
+// Tool names: the closed list a task's "tools", a policy's calls and a
+// trajectory's tool steps use (each tool's Schema carries its own).
+const (
+	NameBash      = "bash"
+	NamePython    = "python"
+	NameReadFile  = "read_file"
+	NameWriteFile = "write_file"
+	NameEdit      = "edit"
+	NameRunTests  = "run_tests"
+	NameFinish    = "finish"
+	// The retrieval tools (SearchTools), for tasks with a retriever.
+	NameSearch = "search"
+	NameRead   = "read"
+	NamePrune  = "prune"
+)
+
+// builtins are the tools every episode may name, in their usual order.
+func builtins() []Tool {
+	return []Tool{Bash{}, Python{}, ReadFile{}, WriteFile{}, Edit{}, RunTests{}, FinishTool{}}
+}
+
 // Builtins are the tools every episode may name, by name.
 func Builtins() map[string]Tool {
-	return map[string]Tool{
-		"bash":       Bash{},
-		"python":     Python{},
-		"read_file":  ReadFile{},
-		"write_file": WriteFile{},
-		"edit":       Edit{},
-		"run_tests":  RunTests{},
-		"finish":     FinishTool{},
+	m := map[string]Tool{}
+	for _, t := range builtins() {
+		m[t.Schema().Name] = t
 	}
+	return m
+}
+
+// BuiltinNames lists the builtin tools in their usual order.
+func BuiltinNames() []string {
+	var out []string
+	for _, t := range builtins() {
+		out = append(out, t.Schema().Name)
+	}
+	return out
+}
+
+// DefaultNames are the tools a task that names none is offered: the
+// builtins less python, and less run_tests when the task has no test
+// command (hasTests false).
+func DefaultNames(hasTests bool) []string {
+	out := []string{NameBash, NameReadFile, NameWriteFile, NameEdit}
+	if hasTests {
+		out = append(out, NameRunTests)
+	}
+	return append(out, NameFinish)
+}
+
+// DefaultSearchNames are the tools a task with a retriever that names none
+// is offered: the retrieval tools and finish.
+func DefaultSearchNames() []string { return append(SearchNames(), NameFinish) }
+
+// Known reports whether name is a tool a task may name: a builtin or a
+// retrieval tool (which needs a retriever: the task says so).
+func Known(name string) bool {
+	_, ok := Builtins()[name]
+	return ok || slices.Contains(SearchNames(), name)
 }
 
 // Select builds a registry of the named builtins (plus extra tools), in the
@@ -295,9 +344,4 @@ func writeStream(b *bytes.Buffer, data []byte, dropped int64) {
 	b.Write(data[:head])
 	fmt.Fprintf(b, "\n[... %d bytes dropped ...]\n", dropped)
 	b.Write(data[head:])
-}
-
-// DefaultToolNames lists the builtin tools in their usual order.
-func DefaultToolNames() []string {
-	return []string{"bash", "python", "read_file", "write_file", "edit", "run_tests", "finish"}
 }

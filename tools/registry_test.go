@@ -7,7 +7,7 @@ import (
 )
 
 func TestCallRefusesBadArgumentsWithAKindTheModelReads(t *testing.T) {
-	reg, err := Select(DefaultToolNames(), nil)
+	reg, err := Select(BuiltinNames(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func TestFinishTakesAnAnswerAndIDs(t *testing.T) {
 }
 
 func TestSchemasAreOpenAIFunctionDefinitions(t *testing.T) {
-	reg, _ := Select(DefaultToolNames(), nil)
+	reg, _ := Select(BuiltinNames(), nil)
 	for _, s := range reg.Schemas() {
 		if s.Name == "" || s.Description == "" || !strings.Contains(string(s.Parameters), `"type":"object"`) {
 			t.Errorf("schema %+v", s)

@@ -33,8 +33,8 @@ const (
 // MaxSearchK bounds the k a model may ask search for.
 const MaxSearchK = 50
 
-// SearchToolNames are the retrieval tools, in their usual order.
-func SearchToolNames() []string { return []string{"search", "read", "prune"} }
+// SearchNames are the retrieval tools (SearchTools), in their usual order.
+func SearchNames() []string { return []string{NameSearch, NameRead, NamePrune} }
 
 // SearchOptions tune the retrieval tools.
 type SearchOptions struct {
@@ -88,7 +88,7 @@ func Pruned(id string) string   { return PruneMarker + id + "]" }
 type Search struct{ Index Retriever }
 
 func (Search) Schema() Schema {
-	return schema("search", "Search the document collection. Returns the best matching documents, best first: id, title and a snippet; documents already in your context are marked. Read a document by its id to see all of it.", object(map[string]*param{
+	return schema(NameSearch, "Search the document collection. Returns the best matching documents, best first: id, title and a snippet; documents already in your context are marked. Read a document by its id to see all of it.", object(map[string]*param{
 		"query":   str("words to search for"),
 		"k":       integer(fmt.Sprintf("how many results to return (default %d)", retriever.DefaultK), 1, MaxSearchK),
 		"filters": {Type: "object", Description: "optional exact-match filters on metadata fields: {\"field\": \"value\"}"},
@@ -159,7 +159,7 @@ type Read struct {
 }
 
 func (Read) Schema() Schema {
-	return schema("read", "Read one document by its id (from search results). Its text stays in your context, counted against your document budget, until you prune it.", object(map[string]*param{
+	return schema(NameRead, "Read one document by its id (from search results). Its text stays in your context, counted against your document budget, until you prune it.", object(map[string]*param{
 		"id": str("the document's id"),
 	}, "id"))
 }
@@ -237,7 +237,7 @@ type Prune struct{}
 
 func (Prune) Schema() Schema {
 	one := 1
-	return schema("prune", "Remove documents from your context to free budget for others: their text in earlier messages is replaced by a short placeholder. Prune several at once when you can.", object(map[string]*param{
+	return schema(NamePrune, "Remove documents from your context to free budget for others: their text in earlier messages is replaced by a short placeholder. Prune several at once when you can.", object(map[string]*param{
 		"ids": {Type: "array", Description: "ids of the documents to remove (a document's id also removes its parts held)", Items: &param{Type: "string", MinLength: &one}, MinItems: &one},
 	}, "ids"))
 }

@@ -11,7 +11,7 @@ import (
 )
 
 // defaultBackend is the embedded default: it needs nothing but this binary.
-const defaultBackend = "wasm"
+const defaultBackend = sandbox.BackendWASM
 
 // openBackend wires up a sandbox backend by name. progress gets one line for
 // each first-use build. When $ROLLBOX_AUDIT_LOG names a file, every sandbox
@@ -34,7 +34,7 @@ func openBackendWith(ctx context.Context, name string, progress io.Writer, o bac
 	var be sandbox.Backend
 	var err error
 	switch name {
-	case "wasm":
+	case sandbox.BackendWASM:
 		be, err = openWASM(ctx, progress)
 		if w, ok := be.(interface {
 			Warm(context.Context, ...string) error
@@ -43,10 +43,10 @@ func openBackendWith(ctx context.Context, name string, progress io.Writer, o bac
 				be.Close()
 			}
 		}
-	case "docker":
+	case sandbox.BackendDocker:
 		be, err = openDocker(ctx, progress)
 	default:
-		return nil, usagef("backend %q is not one of wasm, docker", name)
+		return nil, usagef("backend %v", sandbox.CheckBackend(name))
 	}
 	if err != nil {
 		return nil, err

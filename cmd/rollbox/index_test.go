@@ -76,10 +76,7 @@ func TestSearchTasksShareOneIndexAndGetALedgerEach(t *testing.T) {
 {"id": "t2", "prompt": "p", "retriever": {"index": "./ix"}, "reward": {"type": "fbeta", "relevant": ["a"]}, "limits": {"max_context_tokens": 1000}}
 {"id": "t3", "prompt": "p", "reward": {"type": "exact", "answer": "a"}}
 `
-	tasks, err := agent.ReadTasks(strings.NewReader(lines), filepath.Join(dir, "tasks.jsonl"), func(n string) bool {
-		_, ok := tools.Builtins()[n]
-		return ok || searchTool(n)
-	})
+	tasks, err := agent.ReadTasks(strings.NewReader(lines), filepath.Join(dir, "tasks.jsonl"), tools.Known)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/signal"
 	"sort"
-	"strings"
 	"syscall"
 )
 
@@ -132,7 +131,3 @@ func splitDashDash(args []string) (flags, rest []string, found bool) {
 	}
 	return args, nil, false
 }
-
-var _ = strings.TrimSpace
-
-func sortStrings(s []string) { sort.Strings(s) }

@@ -10,17 +10,6 @@ import (
 	"github.com/rollbox/rollbox/tools"
 )
 
-// searchTool reports whether name is one of the retrieval tools a task
-// with a retriever may name.
-func searchTool(name string) bool {
-	for _, n := range tools.SearchToolNames() {
-		if n == name {
-			return true
-		}
-	}
-	return false
-}
-
 // searchIndexes holds the indexes a run's search tasks name: each opened
 // once, read-only, and shared by every episode that uses it.
 type searchIndexes struct {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -51,12 +52,11 @@ func runRun(ctx context.Context, env *cliEnv, args []string) error {
 	if *concurrency < 1 || *concurrency > 100000 {
 		return usagef("--concurrency %d is outside 1..100000", *concurrency)
 	}
-	switch *backendName {
-	case "":
+	if *backendName == "" {
 		*backendName = defaultBackend
-	case "wasm", "docker":
-	default:
-		return usagef("--backend %q is not one of wasm, docker", *backendName)
+	}
+	if err := sandbox.CheckBackend(*backendName); err != nil {
+		return usagef("--backend %v", err)
 	}
 	tasks, err := agent.LoadTasks(*tasksFile, knownTool)
 	if err != nil {
@@ -106,10 +106,9 @@ func runRun(ctx context.Context, env *cliEnv, args []string) error {
 	return err
 }
 
-func knownTool(name string) bool {
-	_, ok := tools.Builtins()[name]
-	return ok || searchTool(name)
-}
+// knownTool validates a task's tool names: the builtins and the retrieval
+// tools (a task naming those needs a retriever, which validation checks).
+func knownTool(name string) bool { return tools.Known(name) }
 
 func fmtCounts(m map[string]int) string {
 	if len(m) == 0 {
@@ -119,7 +118,7 @@ func fmtCounts(m map[string]int) string {
 	for k := range m {
 		keys = append(keys, k)
 	}
-	sortStrings(keys)
+	slices.Sort(keys)
 	var b strings.Builder
 	for i, k := range keys {
 		if i > 0 {

@@ -50,8 +50,8 @@ func runServe(ctx context.Context, env *cliEnv, args []string) error {
 	if fs.NArg() > 0 {
 		return usagef("unexpected arguments: %v", fs.Args())
 	}
-	if *backendName != "wasm" && *backendName != "docker" {
-		return usagef("--backend %q is not one of wasm, docker", *backendName)
+	if err := sandbox.CheckBackend(*backendName); err != nil {
+		return usagef("--backend %v", err)
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -125,10 +125,10 @@ func runServe(ctx context.Context, env *cliEnv, args []string) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	limits := runtime.Limits{MaxRunning: *maxRunning, MaxQueued: *maxQueued, PolicyConcurrency: *policyConc,
-		Backend: map[string]int{"docker": *dockerConc}, WarmPool: map[string]int{"docker": *warm},
+		Backend: map[string]int{sandbox.BackendDocker: *dockerConc}, WarmPool: map[string]int{sandbox.BackendDocker: *warm},
 		MaxEnvEpisodes: *envMax, EnvIdleTimeout: *envIdle}
 	if *wasmConc > 0 {
-		limits.Backend["wasm"] = *wasmConc
+		limits.Backend[sandbox.BackendWASM] = *wasmConc
 	}
 	srv, rec, err := runtime.Open(runtime.Options{
 		DataDir: *data, DefaultBackend: *backendName, Catalog: catalog, KnownTool: knownTool,
