@@ -109,10 +109,8 @@ func runReplay(ctx context.Context, env *cliEnv, args []string) error {
 		return usagef("%v (use --base DIR for the directory of the task file the run read)", err)
 	}
 	defer indexes.Close()
-	switch tr.Sandbox.Backend {
-	case "wasm", "docker":
-	default:
-		return usagef("%s: sandbox.backend %q is not one of wasm, docker", pos[0], tr.Sandbox.Backend)
+	if err := sandbox.CheckBackend(tr.Sandbox.Backend); err != nil {
+		return usagef("%s: sandbox.backend %v", pos[0], err)
 	}
 	backend, err := openBackend(ctx, tr.Sandbox.Backend, env.stderr)
 	if err != nil {
@@ -120,7 +118,7 @@ func runReplay(ctx context.Context, env *cliEnv, args []string) error {
 	}
 	defer backend.Close()
 	var image, note string
-	if imgs, ok := unwrapBackend(backend).(replay.Images); ok {
+	if imgs, ok := sandbox.Find[replay.Images](backend); ok {
 		image, note, err = replay.ResolveImage(ctx, imgs, task.Sandbox.Image, tr.Sandbox.ImageDigest)
 		if err != nil {
 			if errors.Is(err, replay.ErrImageMissing) || errors.Is(err, replay.ErrImageChanged) || errors.Is(err, sandbox.ErrInvalidSpec) {
@@ -200,33 +198,11 @@ func runReplay(ctx context.Context, env *cliEnv, args []string) error {
 	return nil
 }
 
-// unwrapBackend peels wrappers (an audit log) off a backend to find its
-// optional capabilities.
-func unwrapBackend(b sandbox.Backend) sandbox.Backend {
-	for {
-		u, ok := b.(interface{ Unwrap() sandbox.Backend })
-		if !ok {
-			return b
-		}
-		b = u.Unwrap()
-	}
-}
-
-func unwrapSandbox(s sandbox.Sandbox) sandbox.Sandbox {
-	for {
-		u, ok := s.(interface{ Unwrap() sandbox.Sandbox })
-		if !ok {
-			return s
-		}
-		s = u.Unwrap()
-	}
-}
-
 // openShell gives the user a shell in sb: a real terminal in a container
 // when stdin is one, else a line shell through Exec.
 func openShell(ctx context.Context, env *cliEnv, sb sandbox.Sandbox) error {
 	fmt.Fprintf(env.stderr, "\nrollbox replay: opening a shell in %s (the episode's state at this point); exit to end the replay\n", sb.Info())
-	c, isContainer := unwrapSandbox(sb).(*docker.Container)
+	c, isContainer := sandbox.Find[*docker.Container](sb)
 	if !isContainer {
 		return replay.Shell(ctx, sb, env.stdin, env.stdout)
 	}
