@@ -31,8 +31,15 @@ type Candidate struct {
 // run twice and concurrently with itself: a container already gone is not
 // an error.
 func CleanupWhere(ctx context.Context, cli *client.Client, orphan func(Candidate) bool) ([]string, error) {
+	return removeContainers(ctx, cli, LabelOwner, orphan)
+}
+
+// removeContainers removes the containers matching a label filter ("KEY"
+// or "KEY=VALUE") for which orphan (nil: every one) says yes, and returns
+// the full ids it removed; one already gone is not an error.
+func removeContainers(ctx context.Context, cli *client.Client, label string, orphan func(Candidate) bool) ([]string, error) {
 	list, err := cli.ContainerList(ctx, container.ListOptions{
-		All: true, Filters: filters.NewArgs(filters.Arg("label", LabelOwner)),
+		All: true, Filters: filters.NewArgs(filters.Arg("label", label)),
 	})
 	if err != nil {
 		return nil, translate("list containers", err)
@@ -40,7 +47,7 @@ func CleanupWhere(ctx context.Context, cli *client.Client, orphan func(Candidate
 	var removed []string
 	var errs []error
 	for _, c := range list {
-		if !orphan(Candidate{ID: c.ID, Labels: c.Labels, Running: c.State == "running", Created: time.Unix(c.Created, 0)}) {
+		if orphan != nil && !orphan(Candidate{ID: c.ID, Labels: c.Labels, Running: c.State == "running", Created: time.Unix(c.Created, 0)}) {
 			continue
 		}
 		err := cli.ContainerRemove(context.WithoutCancel(ctx), c.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})

@@ -4,16 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/client"
 
@@ -282,32 +279,14 @@ func randomHex(n int) string {
 }
 
 // Cleanup removes every container labelled with owner (running or not) and
-// returns how many it removed. Safe to run twice and concurrently with
-// itself.
+// returns how many it removed: CleanupWhere for one owner. Safe to run
+// twice and concurrently with itself.
 func Cleanup(ctx context.Context, cli *client.Client, owner string) (int, error) {
-	list, err := cli.ContainerList(ctx, container.ListOptions{
-		All: true, Filters: filters.NewArgs(filters.Arg("label", LabelOwner+"="+owner)),
-	})
-	if err != nil {
-		return 0, translate("list containers", err)
-	}
-	var errs []error
-	n := 0
-	for _, c := range list {
-		err := cli.ContainerRemove(context.WithoutCancel(ctx), c.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
-		switch {
-		case err == nil:
-			n++
-		case isNotFound(err) || isRemovalInProgress(err):
-		default:
-			errs = append(errs, translate("remove container "+c.ID[:12], err))
-		}
-	}
-	return n, errors.Join(errs...)
+	removed, err := removeContainers(ctx, cli, LabelOwner+"="+owner, nil)
+	return len(removed), err
 }
 
 func isRemovalInProgress(err error) bool {
 	return err != nil && (strings.Contains(err.Error(), "already in progress") || strings.Contains(err.Error(), "is already being removed"))
 }
 
-var _ io.Closer = (*Backend)(nil)
