@@ -90,17 +90,18 @@ func runAudit(ctx context.Context, env *cliEnv, args []string) error {
 	if set["network"] {
 		spec.Network = *network
 	}
+	if err := sandbox.CheckBackend(*backendName); err != nil {
+		return usagef("--backend %v", err)
+	}
 	switch *backendName {
-	case "docker":
+	case sandbox.BackendDocker:
 		if spec.Image == "" {
 			spec.Image = "base"
 		}
-	case "wasm":
+	case sandbox.BackendWASM:
 		if spec.Runtime != "" {
 			return usagef("--runtime %q: the wasm backend has no OCI runtime (it runs WASI modules in this process)", spec.Runtime)
 		}
-	default:
-		return usagef("--backend %q is not one of docker, wasm", *backendName)
 	}
 	if err := spec.Validate(); err != nil {
 		var fe *sandbox.FieldError
@@ -116,7 +117,7 @@ func runAudit(ctx context.Context, env *cliEnv, args []string) error {
 	builder := images.NewBuilder(env.stderr)
 	opts := audit.Options{Progress: env.stderr}
 	var err error
-	if *backendName == "wasm" {
+	if *backendName == sandbox.BackendWASM {
 		opts.ProbeWASI, err = builder.Build(ctx, probeWASITarget)
 	} else {
 		opts.ProbeLinux, err = builder.Build(ctx, probeTarget)

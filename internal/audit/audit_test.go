@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -184,5 +185,48 @@ func TestTheWASMBackendPassesOrExplainsEveryProbe(t *testing.T) {
 		if p := probe(rep, must); p.Status != audit.StatusPass {
 			t.Errorf("%s: %s, want pass on wasm: %s", must, p.Status, p.Evidence)
 		}
+	}
+}
+
+// hostView adds a host side (sandbox.Inspector) to the real WASM backend:
+// the seam through which a backend gives the audit what only the host sees.
+type hostView struct {
+	sandbox.Backend
+	state   sandbox.HostState
+	file    string
+	changed bool
+}
+
+func (h *hostView) Inspect(ctx context.Context, id string) (sandbox.HostState, error) {
+	if !h.changed { // what an escape would do to a runtime binary
+		h.changed = true
+		os.WriteFile(h.file, []byte("overwritten"), 0o644)
+	}
+	return h.state, nil
+}
+func (h *hostView) HostFiles() []string                             { return []string{h.file} }
+func (h *hostView) HostAddrs(ctx context.Context) ([]string, error) { return nil, nil }
+func (h *hostView) TaskLimit(spec sandbox.Spec) int                 { return spec.Limits.PIDs }
+
+func TestTheAuditJudgesByTheHostViewOfAnyBackendThatHasOne(t *testing.T) {
+	if env.skip != "" {
+		t.Fatal(env.skip)
+	}
+	b, err := wasm.New(context.Background(), wasm.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	file := filepath.Join(t.TempDir(), "runtime-binary")
+	os.WriteFile(file, []byte("the runtime"), 0o755)
+	// The host says the sandbox as a whole died of memory, and a runtime
+	// binary changed: both probes fail, whatever the sandbox says itself.
+	h := &hostView{Backend: b, state: sandbox.HostState{Running: false, OOMKilled: true}, file: file}
+	rep := run(t, h, sandbox.Spec{}, "memory-balloon", "proc-self-exe")
+	if p := probe(rep, "memory-balloon"); p.Status != audit.StatusFail || !strings.Contains(p.Evidence, "the whole sandbox was hit") {
+		t.Errorf("memory-balloon: %s: %s", p.Status, p.Evidence)
+	}
+	if p := probe(rep, "proc-self-exe"); p.Status != audit.StatusFail || !strings.Contains(p.Evidence, file+" CHANGED") {
+		t.Errorf("proc-self-exe: %s: %s", p.Status, p.Evidence)
 	}
 }

@@ -9,4 +9,11 @@
 // host's bridge address, the hashes of the runtime binaries, reads through
 // planted symlinks. `rollbox audit` prints its Report; SECURITY.md explains
 // each probe.
+//
+// The runner (audit.go) knows no backend: what only the host can see comes
+// from the backend's sandbox.Inspector, found through its wrappers (the
+// docker backend implements it; a backend without one is judged by its
+// sandbox alone, and the WASM backend, which runs in this process, by the
+// process's own accounting). The probes are in probe.go (running the probe
+// program), isolation.go and limits.go.
 package audit

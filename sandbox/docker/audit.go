@@ -5,6 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -63,41 +67,23 @@ func (u Unsafe) apply(hc *container.HostConfig) {
 // backend makes, beyond what its Spec says; empty when nothing.
 func (b *Backend) Loosened() []string { return b.opts.Unsafe.loosened() }
 
-// State is what the engine says about a sandbox's container: for audits,
-// which must not take the sandbox's own word for it.
-type State struct {
-	// Runtime is the OCI runtime the engine started it with.
-	Runtime string
-	Running bool
-	// OOMKilled is set when the engine saw the container's main process
-	// killed for memory: a sandbox-wide kill, not one command's.
-	OOMKilled bool
-	ExitCode  int
-	// CPU is the container's CPU time so far as the host accounts it (the
-	// cgroup's usage), which a runtime cannot misreport from inside.
-	CPU time.Duration
-	// Labels are the container's labels.
-	Labels map[string]string
-}
-
-// State inspects the container of the sandbox id (an Info().ID).
-func (b *Backend) State(ctx context.Context, id string) (State, error) {
+// Inspect is the engine's view of the sandbox id (an Info().ID): for
+// audits, which must not take the sandbox's own word for it
+// (sandbox.Inspector). CPU is the container's cgroup usage.
+func (b *Backend) Inspect(ctx context.Context, id string) (sandbox.HostState, error) {
 	in, err := b.cli.ContainerInspect(ctx, id)
 	if err != nil {
 		if isNotFound(err) {
-			return State{}, fmt.Errorf("container %s: %w", id, sandbox.ErrNotFound)
+			return sandbox.HostState{}, fmt.Errorf("container %s: %w", id, sandbox.ErrNotFound)
 		}
-		return State{}, translate("inspect container "+id, err)
+		return sandbox.HostState{}, translate("inspect container "+id, err)
 	}
-	st := State{}
+	st := sandbox.HostState{CPUScope: "the container's cgroup"}
 	if in.HostConfig != nil {
 		st.Runtime = in.HostConfig.Runtime
 	}
 	if in.State != nil {
-		st.Running, st.OOMKilled, st.ExitCode = in.State.Running, in.State.OOMKilled, in.State.ExitCode
-	}
-	if in.Config != nil {
-		st.Labels = in.Config.Labels
+		st.Running, st.OOMKilled = in.State.Running, in.State.OOMKilled
 	}
 	if !st.Running {
 		return st, nil
@@ -115,9 +101,52 @@ func (b *Backend) State(ctx context.Context, id string) (State, error) {
 	return st, nil
 }
 
+// HostAddrs is the host's address on the engine's default bridge network
+// (sandbox.Inspector): what a sandbox with network "bridge" reaches the
+// host by, and one without must not.
+func (b *Backend) HostAddrs(ctx context.Context) ([]string, error) {
+	gw, err := b.BridgeGateway(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return []string{gw}, nil
+}
+
+// TaskLimit is the container's task ceiling (sandbox.Inspector): the
+// spec's pids and the guest agent's own threads.
+func (b *Backend) TaskLimit(spec sandbox.Spec) int { return spec.WithDefaults().Limits.PIDs + guestThreads }
+
+// HostFiles are the host files a container escape of the CVE-2019-5736
+// class would overwrite (sandbox.Inspector): the runtime binaries in PATH
+// (runc, runsc, docker-init, the containerd shims) and the guest agent
+// bind-mounted into every container.
+func (b *Backend) HostFiles() []string {
+	seen := map[string]bool{}
+	var out []string
+	add := func(p string) {
+		if r, err := filepath.EvalSymlinks(p); err == nil && !seen[r] {
+			seen[r] = true
+			out = append(out, r)
+		}
+	}
+	for _, name := range []string{"runc", "runsc", "docker-init", "containerd-shim"} {
+		if p, err := exec.LookPath(name); err == nil {
+			add(p)
+		}
+	}
+	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
+		matches, _ := filepath.Glob(filepath.Join(dir, "containerd-shim*"))
+		for _, m := range matches {
+			add(m)
+		}
+	}
+	sort.Strings(out)
+	return append(out, b.opts.GuestPath)
+}
+
 // BridgeGateway is the host's address on the engine's default bridge
 // network (docker0): what a sandbox with network "bridge" reaches the host
-// by. Audits listen there to prove a sandbox cannot.
+// by.
 func (b *Backend) BridgeGateway(ctx context.Context) (string, error) {
 	nw, err := b.cli.NetworkInspect(ctx, "bridge", network.InspectOptions{})
 	if err != nil {
@@ -143,6 +172,4 @@ func (b *Backend) BridgeGateway(ctx context.Context) (string, error) {
 	return "", fmt.Errorf("network bridge has no gateway address: %w", sandbox.ErrNotFound)
 }
 
-// GuestPath is the host path of the guest agent bind-mounted into every
-// container: a host file audits check no sandbox changed.
-func (b *Backend) GuestPath() string { return b.opts.GuestPath }
+var _ sandbox.Inspector = (*Backend)(nil)
