@@ -1,15 +1,12 @@
 package runtime
 
 import (
-	"bufio"
-	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/internal/proc"
 )
 
 // Metrics are the service's Prometheus collectors. They are registered on
@@ -102,25 +99,4 @@ func seconds(d time.Duration) float64 { return d.Seconds() }
 
 // PeakRSS is this process's peak resident set size in bytes (VmHWM from
 // /proc/self/status), or 0 where that is not available.
-func PeakRSS() int64 { return ProcPeakRSS("self") }
-
-// ProcPeakRSS reads VmHWM of /proc/<pid>/status ("self" for this process).
-func ProcPeakRSS(pid string) int64 {
-	f, err := os.Open("/proc/" + pid + "/status")
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := sc.Text()
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			f := strings.Fields(rest)
-			if len(f) >= 1 {
-				kb, _ := strconv.ParseInt(f[0], 10, 64)
-				return kb << 10
-			}
-		}
-	}
-	return 0
-}
+func PeakRSS() int64 { return proc.PeakRSS("self") }

@@ -1,0 +1,287 @@
+package loadgen
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"math"
+	"net/http"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/rollbox/rollbox/internal/proc"
+	"github.com/rollbox/rollbox/sandbox"
+)
+
+// RolloutConfig is one rollout bench: Episodes (Tasks × Group) of Turns
+// model turns (Turns-1 bash calls of `true`, then finish) on Backend
+// (Image for docker), against the fake policy at PolicyURL answering after
+// Latency.
+type RolloutConfig struct {
+	Backend, Image         string
+	Episodes, Group, Turns int
+	PolicyURL              string
+	Latency                time.Duration
+	// Service, if set, is the service's process, measured for its peak RSS
+	// and CPU; otherwise its peak RSS is read from /metrics.
+	Service *Service
+	// Progress gets a line every 5 s.
+	Progress io.Writer
+}
+
+// RolloutResult is what a rollout bench measures.
+type RolloutResult struct {
+	Backend             string         `json:"backend"`
+	Episodes            int            `json:"episodes"`
+	Completed           int            `json:"completed"`
+	Ends                map[string]int `json:"ends"`
+	TurnsPerEpisode     int            `json:"turns_per_episode"`
+	PolicyLatencyMS     float64        `json:"policy_latency_ms"`
+	WallS               float64        `json:"wall_s"`
+	TurnsPerS           float64        `json:"turns_per_s"`
+	PeakRunning         int            `json:"peak_running"`
+	TurnOverheadMS      Percentiles    `json:"turn_overhead_ms"`
+	LastTurnMS          Percentiles    `json:"last_turn_overhead_ms"`
+	PolicyCallOverMS    Percentiles    `json:"policy_call_overhead_ms"`
+	BetweenCallsMS      Percentiles    `json:"between_calls_ms"`
+	ToolMS              Percentiles    `json:"tool_ms"`
+	ServicePeakRSS      int64          `json:"service_peak_rss_bytes"`
+	ServiceCPUS         float64        `json:"service_cpu_s"`
+	ServiceCPUPerTurnMS float64        `json:"service_cpu_per_turn_ms"`
+	BenchPeakRSS        int64          `json:"bench_peak_rss_bytes"`
+	BenchCPUS           float64        `json:"bench_cpu_s"`
+}
+
+// Percentiles of a sample.
+type Percentiles struct {
+	N   int     `json:"n"`
+	P50 float64 `json:"p50"`
+	P90 float64 `json:"p90"`
+	P99 float64 `json:"p99"`
+	Max float64 `json:"max"`
+}
+
+// PercentilesOf summarises a sample (sorting it).
+func PercentilesOf(xs []float64) Percentiles {
+	if len(xs) == 0 {
+		return Percentiles{}
+	}
+	sort.Float64s(xs)
+	at := func(q float64) float64 { return xs[min(len(xs)-1, int(math.Ceil(q*float64(len(xs))))-1)] }
+	return Percentiles{N: len(xs), P50: at(0.50), P90: at(0.90), P99: at(0.99), Max: xs[len(xs)-1]}
+}
+
+func (p Percentiles) String() string {
+	return fmt.Sprintf("p50 %.2f  p90 %.2f  p99 %.2f  max %.2f ms (n=%d)", p.P50, p.P90, p.P99, p.Max, p.N)
+}
+
+// streamedEpisode is the part of a streamed trajectory the bench reads.
+type streamedEpisode struct {
+	EpisodeID   string     `json:"episode_id"`
+	StartedAt   time.Time  `json:"started_at"`
+	EndedAt     *time.Time `json:"ended_at"`
+	Termination *struct {
+		Reason string `json:"reason"`
+	} `json:"termination"`
+	Steps []struct {
+		Type       string    `json:"type"`
+		StartedAt  time.Time `json:"started_at"`
+		DurationMS float64   `json:"duration_ms"`
+	} `json:"steps"`
+}
+
+// Rollout submits one rollout to the service at base, reads it back as a
+// stream and measures it. An error when not every episode completed comes
+// with the result.
+func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult, error) {
+	progress := c.Progress
+	if progress == nil {
+		progress = io.Discard
+	}
+	ntasks := c.Episodes / c.Group
+	tasks := make([]map[string]any, ntasks)
+	for i := range tasks {
+		sb := map[string]any{"backend": c.Backend}
+		if c.Backend == sandbox.BackendDocker {
+			sb["image"] = c.Image
+		}
+		tasks[i] = map[string]any{"id": fmt.Sprintf("bench-%d", i), "prompt": "Run true until told to finish.",
+			"sandbox": sb, "tools": []string{"bash", "finish"}, "reward": map[string]any{"type": "exact", "answer": "done"},
+			"limits": map[string]any{"max_turns": c.Turns + 1, "episode_timeout_s": 3600}}
+	}
+	body, _ := json.Marshal(map[string]any{"tasks": tasks, "group_size": c.Group,
+		"policy": map[string]any{"base_url": c.PolicyURL, "model": "fake-model", "max_retries": 2}})
+	start := time.Now()
+	resp, err := http.Post(base+"/v1/rollouts", "application/json", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	var created struct{ ID string }
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || json.Unmarshal(b, &created) != nil {
+		return nil, fmt.Errorf("POST /v1/rollouts: %s %s", resp.Status, b)
+	}
+	fmt.Fprintf(progress, "rollbox bench: rollout %s: %d episodes (%d tasks × %d) of %d turns on %s, policy latency %s\n",
+		created.ID, c.Episodes, ntasks, c.Group, c.Turns, c.Backend, c.Latency)
+
+	// Watch how many run at once.
+	var peak atomic.Int64
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go func() {
+		for wctx.Err() == nil {
+			var h struct {
+				EpisodesRunning int `json:"episodes_running"`
+			}
+			if r, err := http.Get(base + "/healthz"); err == nil {
+				json.NewDecoder(r.Body).Decode(&h)
+				r.Body.Close()
+				if int64(h.EpisodesRunning) > peak.Load() {
+					peak.Store(int64(h.EpisodesRunning))
+				}
+			}
+			select {
+			case <-wctx.Done():
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+	}()
+
+	res := &RolloutResult{Backend: c.Backend, Episodes: c.Episodes, Ends: map[string]int{}, TurnsPerEpisode: c.Turns,
+		PolicyLatencyMS: float64(c.Latency) / float64(time.Millisecond)}
+	var overhead, callOver, between, toolMS, lastTurn []float64
+	req, _ := http.NewRequestWithContext(ctx, "GET", base+"/v1/rollouts/"+created.ID+"/episodes?stream=1", nil)
+	sresp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer sresp.Body.Close()
+	sc := bufio.NewScanner(sresp.Body)
+	sc.Buffer(make([]byte, 1<<20), 256<<20)
+	lat := float64(c.Latency) / float64(time.Millisecond)
+	lastReport := time.Now()
+	turnsDone := 0
+	for sc.Scan() {
+		var e streamedEpisode
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			return nil, fmt.Errorf("a streamed line: %w", err)
+		}
+		res.Completed++
+		if e.Termination != nil {
+			res.Ends[e.Termination.Reason]++
+		}
+		var models []int
+		for i, s := range e.Steps {
+			if s.Type == "model" {
+				models = append(models, i)
+			} else {
+				toolMS = append(toolMS, s.DurationMS)
+			}
+		}
+		turnsDone += len(models)
+		for k, i := range models {
+			s := e.Steps[i]
+			end := s.StartedAt
+			switch {
+			case k+1 < len(models):
+				end = e.Steps[models[k+1]].StartedAt
+			case e.EndedAt != nil:
+				end = *e.EndedAt
+			}
+			wall := float64(end.Sub(s.StartedAt)) / float64(time.Millisecond)
+			if k+1 == len(models) { // finish: the reward and the sandbox's removal are in this turn
+				lastTurn = append(lastTurn, wall-lat)
+				continue
+			}
+			overhead = append(overhead, wall-lat)
+			callOver = append(callOver, s.DurationMS-lat)
+			between = append(between, wall-s.DurationMS)
+		}
+		if time.Since(lastReport) > 5*time.Second {
+			lastReport = time.Now()
+			fmt.Fprintf(progress, "rollbox bench: %d/%d episodes done, %.0f turns/s, peak running %d\n",
+				res.Completed, c.Episodes, float64(turnsDone)/time.Since(start).Seconds(), peak.Load())
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("reading the stream: %w", err)
+	}
+	res.WallS = time.Since(start).Seconds()
+	stopWatch()
+	res.PeakRunning = int(peak.Load())
+	res.TurnsPerS = float64(turnsDone) / res.WallS
+	res.TurnOverheadMS, res.PolicyCallOverMS, res.BetweenCallsMS, res.ToolMS, res.LastTurnMS =
+		PercentilesOf(overhead), PercentilesOf(callOver), PercentilesOf(between), PercentilesOf(toolMS), PercentilesOf(lastTurn)
+	if svc := c.Service; svc != nil {
+		res.ServicePeakRSS = svc.PeakRSS()
+		res.ServiceCPUS = svc.CPUSeconds()
+		res.ServiceCPUPerTurnMS = res.ServiceCPUS * 1000 / float64(max(turnsDone, 1))
+	}
+	if res.ServicePeakRSS == 0 {
+		res.ServicePeakRSS = scrapePeakRSS(base)
+	}
+	res.BenchPeakRSS = proc.PeakRSS("self")
+	res.BenchCPUS = proc.CPUSeconds("self")
+	if res.Completed != c.Episodes {
+		return res, fmt.Errorf("%d of %d episodes completed", res.Completed, c.Episodes)
+	}
+	return res, nil
+}
+
+// Report prints the result for a reader.
+func (res *RolloutResult) Report(w io.Writer) {
+	lat := time.Duration(res.PolicyLatencyMS * float64(time.Millisecond))
+	fmt.Fprintf(w, "rollout bench: %d episodes × %d turns on %s, fake policy latency %s\n", res.Episodes, res.TurnsPerEpisode, res.Backend, lat)
+	fmt.Fprintf(w, "  completed           %d/%d  ends %s\n", res.Completed, res.Episodes, fmtCounts(res.Ends))
+	fmt.Fprintf(w, "  wall                %.1f s  (%.0f turns/s; ideal %.1f s at this latency)\n", res.WallS, res.TurnsPerS, float64(res.TurnsPerEpisode)*lat.Seconds())
+	fmt.Fprintf(w, "  peak running        %d episodes at once (polled)\n", res.PeakRunning)
+	fmt.Fprintf(w, "  turn overhead       %s   (turn wall time − policy latency; turns before the last)\n", res.TurnOverheadMS)
+	fmt.Fprintf(w, "    policy call       %s   (call wall time − latency: HTTP, JSON, queueing for a slot excluded)\n", res.PolicyCallOverMS)
+	fmt.Fprintf(w, "    between calls     %s   (tool, record, waiting for a policy slot)\n", res.BetweenCallsMS)
+	fmt.Fprintf(w, "    tool (bash true)  %s\n", res.ToolMS)
+	fmt.Fprintf(w, "  last turn overhead  %s   (finish: reward, record, sandbox removal)\n", res.LastTurnMS)
+	fmt.Fprintf(w, "  service CPU         %.1f s, %.3f ms a turn (user+system, the whole run)\n", res.ServiceCPUS, res.ServiceCPUPerTurnMS)
+	fmt.Fprintf(w, "  service peak RSS    %.1f MiB (VmHWM)\n", float64(res.ServicePeakRSS)/(1<<20))
+	fmt.Fprintf(w, "  bench               %.1f s CPU, peak RSS %.1f MiB (fake policy + client, same machine)\n", res.BenchCPUS, float64(res.BenchPeakRSS)/(1<<20))
+}
+
+// fmtCounts prints counts as k=v, sorted by key.
+func fmtCounts(m map[string]int) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	var b strings.Builder
+	for i, k := range slices.Sorted(maps.Keys(m)) {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s=%d", k, m[k])
+	}
+	return b.String()
+}
+
+var peakRSSRe = regexp.MustCompile(`(?m)^rollbox_process_peak_rss_bytes (\S+)$`)
+
+func scrapePeakRSS(base string) int64 {
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if m := peakRSSRe.FindSubmatch(b); m != nil {
+		v, _ := strconv.ParseFloat(string(m[1]), 64)
+		return int64(v)
+	}
+	return 0
+}
