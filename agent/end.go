@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/rollbox/rollbox/agent/reward"
@@ -117,7 +118,9 @@ func (s *Session) end(ctx context.Context, reason, message string) error {
 // a sandbox the agent's own commands broke, into sandbox_abuse (scored 0).
 func (s *Session) verify(ctx context.Context, term *trajectory.Termination) (*trajectory.Termination, *trajectory.Reward) {
 	in := reward.Input{Sandbox: s.sb, Workdir: s.sb.Info().Workdir, TaskFiles: s.taskFiles,
-		SeenIDs: s.seenIDs, PruneSizes: s.pruneSizes, VerifierOutputCap: s.task.Limits.MaxStoredOutputBytes}
+		SeenIDs: s.seenIDs, PruneSizes: s.pruneSizes, VerifierOutputCap: s.task.Limits.MaxStoredOutputBytes,
+		NewSandbox: s.newVerifierSandbox, CloseSandbox: s.closeSandbox,
+		Backend: s.sb.Info().Backend, Env: s.spec.Env}
 	if s.finish != nil {
 		in.Answer, in.IDs = s.finish.Answer, s.finish.IDs
 	}
@@ -131,6 +134,18 @@ func (s *Session) verify(ctx context.Context, term *trajectory.Termination) (*tr
 			Message: fmt.Sprintf("the sandbox failed while computing the reward (episode had ended %s): %v", term.Reason, err)}, nil
 	}
 	return term, r
+}
+
+// newVerifierSandbox makes a fresh sandbox of the episode's backend and
+// spec for its verifier (clean-room verification), labelled as such.
+func (s *Session) newVerifierSandbox(ctx context.Context) (sandbox.Sandbox, error) {
+	spec := s.spec
+	spec.Labels = maps.Clone(spec.Labels)
+	if spec.Labels == nil {
+		spec.Labels = map[string]string{}
+	}
+	spec.Labels[sandbox.LabelRole] = sandbox.RoleVerifier
+	return s.cfg.NewSandbox(ctx, s.backend, spec)
 }
 
 func abuseReward(detail string) *trajectory.Reward {

@@ -127,8 +127,12 @@ func TestAnAgentThatRewritesTheTestsDoesNotPass(t *testing.T) {
 	if tr.Reward == nil || tr.Reward.Total != 0 {
 		t.Fatalf("reward = %+v, want 0: the verifier must run the task's own tests", tr.Reward)
 	}
-	if v := tr.Reward.Verifier; v == nil || len(v.Restored) != 1 || v.Restored[0] != "/work/test_calc.py" {
-		t.Errorf("restored = %+v", tr.Reward.Verifier)
+	v := tr.Reward.Verifier
+	if v == nil || !v.CleanRoom || len(v.Skipped) != 1 || v.Skipped[0].Path != "/work/test_calc.py" {
+		t.Fatalf("verifier = %+v, want the rewritten test skipped", tr.Reward.Verifier)
+	}
+	if len(v.Copied) != 1 || v.Copied[0] != "/work/PASSED" {
+		t.Errorf("copied = %v, want the agent's new file", v.Copied)
 	}
 }
 

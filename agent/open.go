@@ -226,6 +226,7 @@ func open(ctx context.Context, cfg Config) (_ *Session, err error) {
 	}
 	spec := EpisodeSpec(t, pinned)
 	spec.Labels = sandbox.EpisodeLabels(cfg.EpisodeID, cfg.RolloutID)
+	s.backend, s.spec = cfg.backend(), spec
 	sctx, cancel := context.WithDeadline(ctx, s.deadline)
 	defer cancel()
 	sb, err := cfg.NewSandbox(sctx, cfg.backend(), spec)

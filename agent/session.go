@@ -41,8 +41,12 @@ type Session struct {
 	taskFiles  map[string][]byte
 	seenIDs    []string
 	pruneSizes []int
-	ended      bool
-	tr         *trajectory.Trajectory
+	// backend and spec made the episode's sandbox; the verifier makes its
+	// own fresh one from them.
+	backend string
+	spec    sandbox.Spec
+	ended   bool
+	tr      *trajectory.Trajectory
 }
 
 // Messages returns the conversation as the policy will see it next.

@@ -30,6 +30,10 @@ const (
 const (
 	LabelEpisode = "rollbox.episode"
 	LabelRollout = "rollbox.rollout"
+	// LabelRole is "verifier" on the fresh sandbox an episode's tests
+	// reward runs in (absent on the episode's own).
+	LabelRole    = "rollbox.role"
+	RoleVerifier = "verifier"
 )
 
 // EpisodeLabels are the labels of a sandbox made for an episode. A warm

@@ -2,24 +2,19 @@ package reward
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
 	"math"
-	"path"
 	"regexp"
-	"sort"
 	"strings"
-	"time"
 
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/sandbox"
 )
 
-// Sandbox is what rewards need of the episode's sandbox.
+// Sandbox is what rewards need of the episode's sandbox: its files, read
+// through the file API (never by running a command in it).
 type Sandbox interface {
-	Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Result, error)
-	WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error
+	ReadFile(ctx context.Context, path string, maxBytes int64) ([]byte, error)
 	ListFiles(ctx context.Context, dir string) ([]sandbox.FileInfo, error)
 }
 
@@ -27,6 +22,18 @@ type Sandbox interface {
 type Input struct {
 	Sandbox Sandbox
 	Workdir string
+	// NewSandbox makes a fresh, empty sandbox of the episode's backend and
+	// spec (image, runtime, limits, environment with the pins): where a
+	// tests reward runs. Required for tests rewards.
+	NewSandbox func(ctx context.Context) (sandbox.Sandbox, error)
+	// CloseSandbox closes the episode's sandbox; a tests reward calls it
+	// once it has read the agent's files, before anything runs.
+	CloseSandbox func()
+	// Backend names the sandbox's backend ("docker", "wasm").
+	Backend string
+	// Env is the sandbox's environment (the task's sandbox.env and the
+	// pinned variables), which the verifier's commands also have.
+	Env map[string]string
 	// TaskFiles are the files the task seeded (path → content).
 	TaskFiles map[string][]byte
 	// Answer and IDs are what finish was given (Answer nil: never finished).
@@ -38,11 +45,18 @@ type Input struct {
 	PruneSizes []int
 	// VerifierOutputCap caps each stream kept of the verifier.
 	VerifierOutputCap int
+
+	// ws is the agent's workspace, read once for every tests reward of a
+	// composite.
+	ws *workspace
 }
 
 // Evaluate computes the reward. An error means the sandbox failed while
 // verifying: the episode must end sandbox_error with no score.
 func Evaluate(ctx context.Context, s Spec, in Input) (*trajectory.Reward, error) {
+	if in.ws == nil {
+		in.ws = &workspace{specs: specsOf(s)}
+	}
 	r := &trajectory.Reward{Components: map[string]float64{}}
 	switch s.Type {
 	case "composite":
@@ -114,135 +128,6 @@ func b2f(b bool) float64 {
 	}
 	return 0
 }
-
-// tests restores the protected task files, removes files that could rig the
-// runner, then runs the verifier: exit 0 is success.
-func tests(ctx context.Context, s Spec, in Input) (*trajectory.Reward, error) {
-	v := &trajectory.Verifier{Command: s.Command}
-	protect := s.Protect
-	if len(protect) == 0 {
-		protect = DefaultProtect
-	}
-	var paths []string
-	for p := range in.TaskFiles {
-		paths = append(paths, p)
-	}
-	sort.Strings(paths)
-	for _, p := range paths {
-		if matchAny(protect, p, in.Workdir) {
-			if err := in.Sandbox.WriteFile(ctx, p, in.TaskFiles[p], 0o644); err != nil {
-				return nil, fmt.Errorf("restore %s before the verifier: %w", p, err)
-			}
-			v.Restored = append(v.Restored, p)
-		}
-	}
-	deny := s.Deny
-	if deny == nil {
-		deny = DefaultDeny
-	}
-	if len(deny) > 0 {
-		planted, err := findDenied(ctx, in.Sandbox, in.Workdir, deny, in.TaskFiles)
-		if err != nil {
-			return nil, err
-		}
-		for _, p := range planted {
-			res, err := in.Sandbox.Exec(ctx, sandbox.ExecRequest{Shell: "rm -rf -- " + shellQuote(p), Timeout: 30 * time.Second})
-			if err != nil {
-				return nil, fmt.Errorf("remove %s before the verifier: %w", p, err)
-			}
-			if res.ExitCode != 0 {
-				return nil, fmt.Errorf("remove %s before the verifier: exit %d: %s: %w", p, res.ExitCode, res.Stderr, sandbox.ErrSandboxFailed)
-			}
-			v.Removed = append(v.Removed, p)
-		}
-	}
-	timeout := time.Duration(s.TimeoutS * float64(time.Second))
-	if timeout <= 0 {
-		timeout = 5 * time.Minute
-	}
-	res, err := in.Sandbox.Exec(ctx, sandbox.ExecRequest{
-		Shell:     s.Command,
-		Timeout:   timeout,
-		OutputCap: in.VerifierOutputCap,
-		Env:       map[string]string{"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": "", "PYTEST_ADDOPTS": "-p no:cacheprovider"},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("verifier: %w", err)
-	}
-	v.ExitCode, v.TimedOut = res.ExitCode, res.TimedOut
-	v.Stdout, v.Stderr = trajectory.NewBytes(res.Stdout), trajectory.NewBytes(res.Stderr)
-	v.DurationMS = float64(res.Duration) / float64(time.Millisecond)
-	pass := res.ExitCode == 0 && !res.TimedOut && !res.OOMKilled
-	r := &trajectory.Reward{Total: b2f(pass), Components: map[string]float64{"tests": b2f(pass)}, Verifier: v}
-	if res.TimedOut {
-		r.Details = append(r.Details, fmt.Sprintf("the verifier timed out after %v", timeout))
-	}
-	return r, nil
-}
-
-// matchAny matches globs against the path relative to the workdir and
-// against its base name.
-func matchAny(globs []string, p, workdir string) bool {
-	rel := strings.TrimPrefix(strings.TrimPrefix(p, workdir), "/")
-	base := path.Base(p)
-	for _, g := range globs {
-		if ok, _ := path.Match(g, rel); ok {
-			return true
-		}
-		if ok, _ := path.Match(g, base); ok {
-			return true
-		}
-		if ok, _ := path.Match(g, p); ok {
-			return true
-		}
-	}
-	return false
-}
-
-// findDenied walks the workdir (bounded) for entries matching deny that the
-// task did not provide.
-func findDenied(ctx context.Context, sb Sandbox, root string, deny []string, task map[string][]byte) ([]string, error) {
-	var out []string
-	queue := []string{root}
-	seen := 0
-	for len(queue) > 0 && seen < 20000 {
-		dir := queue[0]
-		queue = queue[1:]
-		fis, err := sb.ListFiles(ctx, dir)
-		if errors.Is(err, sandbox.ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			if sandbox.IsInfra(err) || ctx.Err() != nil {
-				return nil, fmt.Errorf("list %s before the verifier: %w", dir, err)
-			}
-			continue // unreadable directory: the verifier can't see it either
-		}
-		for _, fi := range fis {
-			seen++
-			p := path.Join(dir, fi.Name)
-			if _, fromTask := task[p]; !fromTask && matchBase(deny, fi.Name) {
-				out = append(out, p)
-				continue
-			}
-			if fi.IsDir && fi.Link == "" {
-				queue = append(queue, p)
-			}
-		}
-	}
-	return out, nil
-}
-
-func matchBase(globs []string, name string) bool {
-	for _, g := range globs {
-		if ok, _ := path.Match(g, name); ok {
-			return true
-		}
-	}
-	return false
-}
-
-func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 // fbeta scores retrieval: F-beta of the final ids against the relevant ones
 // (beta 4 by default: recall weighs 16× precision), plus an optional

@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"path"
 	"regexp"
+	"sort"
 	"strings"
+
+	"github.com/rollbox/rollbox/agent/reward/testreport"
 )
 
 // Types of reward.
@@ -15,13 +18,37 @@ var Types = []string{"tests", "exact", "regex", "fbeta", "judge", "composite"}
 type Spec struct {
 	Type string `json:"type"`
 
-	// tests
-	Command  string   `json:"command,omitempty"`
-	TimeoutS float64  `json:"timeout_s,omitempty"`
-	Protect  []string `json:"protect,omitempty"`
-	// Deny names files (globs on the base name) removed before the verifier
-	// runs unless the task itself provided them; default DefaultDeny.
+	// tests: the command runs in a fresh sandbox of the task's image and
+	// spec holding the task's files, the agent's changes (see Editable,
+	// Protect, Deny) and HiddenTests; see the package documentation.
+	Command  string  `json:"command,omitempty"`
+	TimeoutS float64 `json:"timeout_s,omitempty"`
+	// Protect names the task's test files (globs, see glob.go; default
+	// DefaultProtect): never taken from the agent, whatever it did to them;
+	// a glob naming a directory protects everything under it.
+	Protect []string `json:"protect,omitempty"`
+	// Deny names files that configure or steer a test runner (globs on the
+	// base name; default DefaultDeny): taken from the task, never from the
+	// agent, unless Editable names them.
 	Deny []string `json:"deny,omitempty"`
+	// Editable, when set, names the only paths the agent's versions of are
+	// verified (globs relative to the workdir, "**" for any depth); every
+	// other path is the task's.
+	Editable []string `json:"editable,omitempty"`
+	// HiddenTests are files (absolute path → content) added to the
+	// verifier's sandbox only: tests the agent never saw.
+	HiddenTests map[string]string `json:"hidden_tests,omitempty"`
+	// Report names the runner's report of named test results; without
+	// one the reward is the command's exit status (weaker: anything that
+	// makes the process exit 0 passes).
+	Report *Report `json:"report,omitempty"`
+	// MustPass names the tests that must be reported passed (e.g.
+	// SWE-bench's FAIL_TO_PASS + PASS_TO_PASS); one missing from the
+	// report scores 0. Needs Report.
+	MustPass []string `json:"must_pass,omitempty"`
+	// Score is "all" (default: 1 when every test named, or every test
+	// reported, passed) or "fraction" (the fraction that passed).
+	Score string `json:"score,omitempty"`
 
 	// exact, regex
 	Answer          string `json:"answer,omitempty"`
@@ -66,14 +93,39 @@ type Part struct {
 	Reward Spec    `json:"reward"`
 }
 
-// DefaultDeny are files that can change what a test runner reports; an
-// agent that creates one does not get to keep it for the verifier. Stale
-// bytecode is among them: an edit within the same second as the last import
-// keeps the source's mtime and size, and Python would run the old code.
-var DefaultDeny = []string{"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "sitecustomize.py", "usercustomize.py", "*.pth", ".pytest_cache", "__pycache__", "*.pyc"}
+// Report names a runner's report of named test results.
+type Report struct {
+	// Format is one of testreport.Formats: "junit" (a JUnit XML file the
+	// command writes at Path), "pytest" (the verifier asks pytest for its
+	// JUnit XML itself), "go-test-json" (`go test -json` events) or "tap".
+	Format string `json:"format"`
+	// Path is where the command writes the report (required for junit;
+	// for go-test-json and tap the command's stdout is read without it).
+	Path string `json:"path,omitempty"`
+}
 
-// DefaultProtect matches test files: restored from the task before the verifier runs.
-var DefaultProtect = []string{"test_*", "*_test.*", "*_tests.*", "tests/*", "test/*", "conftest.py"}
+// DefaultDeny are files that configure or steer a test runner (pytest,
+// Python's start-up, Go modules, npm and make): the verifier takes them
+// from the task, never from the agent. Stale bytecode is among them: an
+// edit within the same second as the last import keeps the source's mtime
+// and size, and Python would run the old code.
+var DefaultDeny = []string{
+	"conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg", "pyproject.toml", "noxfile.py",
+	"sitecustomize.py", "usercustomize.py", "*.pth", ".pytest_cache", "__pycache__", "*.pyc", "*.pyo",
+	"go.mod", "go.sum", "go.work", "go.work.sum",
+	"package.json", ".npmrc", "jest.config.*", "vitest.config.*", ".mocharc*",
+	"Makefile", "makefile", "GNUmakefile",
+}
+
+// DefaultProtect matches test files and test directories: the verifier
+// takes them from the task (or not at all), never from the agent.
+var DefaultProtect = []string{"test_*", "*_test.*", "*_tests.*", "tests", "test", "testdata", "conftest.py"}
+
+// Scores of a tests reward.
+const (
+	ScoreAll      = "all"
+	ScoreFraction = "fraction"
+)
 
 // Validate checks the spec; field is the path to name in errors ("reward").
 func (s *Spec) Validate(field string) error {
@@ -85,10 +137,20 @@ func (s *Spec) Validate(field string) error {
 		if s.TimeoutS < 0 {
 			return fmt.Errorf("%s.timeout_s: %v is negative", field, s.TimeoutS)
 		}
-		for i, g := range append(append([]string{}, s.Protect...), s.Deny...) {
-			if _, err := path.Match(g, "x"); err != nil {
-				return fmt.Errorf("%s.protect/deny[%d]: bad glob %q", field, i, g)
+		for name, globs := range map[string][]string{"protect": s.Protect, "deny": s.Deny, "editable": s.Editable} {
+			for i, g := range globs {
+				if !validGlob(g) {
+					return fmt.Errorf("%s.%s[%d]: %q is not a glob (path.Match patterns joined by /, ** for any depth)", field, name, i, g)
+				}
 			}
+		}
+		for _, p := range sortedKeys(s.HiddenTests) {
+			if !path.IsAbs(p) || path.Clean(p) != p {
+				return fmt.Errorf("%s.hidden_tests[%q]: not a clean absolute path", field, p)
+			}
+		}
+		if err := s.validateReport(field); err != nil {
+			return err
 		}
 	case "exact":
 		if s.Answer == "" {
@@ -144,6 +206,66 @@ func (s *Spec) Validate(field string) error {
 		return fmt.Errorf("%s.type %q is not one of %s", field, s.Type, strings.Join(Types, ", "))
 	}
 	return nil
+}
+
+func (s *Spec) validateReport(field string) error {
+	switch s.Score {
+	case "", ScoreAll:
+	case ScoreFraction:
+		if s.Report == nil {
+			return fmt.Errorf("%s.score: %q needs reward.report (the fraction is of named test results)", field, s.Score)
+		}
+	default:
+		return fmt.Errorf("%s.score %q is not one of all, fraction", field, s.Score)
+	}
+	if len(s.MustPass) > 0 && s.Report == nil {
+		return fmt.Errorf("%s.must_pass: needs reward.report (the names are read from the runner's report)", field)
+	}
+	seen := map[string]int{}
+	for i, n := range s.MustPass {
+		if strings.TrimSpace(n) == "" {
+			return fmt.Errorf("%s.must_pass[%d]: empty test name", field, i)
+		}
+		if j, dup := seen[n]; dup {
+			return fmt.Errorf("%s.must_pass[%d]: %q already named at must_pass[%d]", field, i, n, j)
+		}
+		seen[n] = i
+	}
+	if s.Report == nil {
+		return nil
+	}
+	switch s.Report.Format {
+	case testreport.JUnit:
+		if s.Report.Path == "" {
+			return fmt.Errorf("%s.report.path: required for format junit (where the command writes the XML)", field)
+		}
+	case testreport.Pytest, testreport.GoTestJSON, testreport.TAP:
+	case "":
+		return fmt.Errorf("%s.report.format: required (one of %s)", field, strings.Join(testreport.Formats, ", "))
+	default:
+		return fmt.Errorf("%s.report.format %q is not one of %s", field, s.Report.Format, strings.Join(testreport.Formats, ", "))
+	}
+	if p := s.Report.Path; p != "" {
+		if !path.IsAbs(p) || path.Clean(p) != p {
+			return fmt.Errorf("%s.report.path: %q is not a clean absolute path", field, p)
+		}
+		if s.Report.Format == testreport.Pytest {
+			return fmt.Errorf("%s.report.path: format pytest takes no path (the verifier chooses it)", field)
+		}
+		if _, ok := s.HiddenTests[p]; ok {
+			return fmt.Errorf("%s.report.path: %q is also a hidden test", field, p)
+		}
+	}
+	return nil
+}
+
+func sortedKeys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // TestCommand is the command run_tests runs for this spec ("" if none).

@@ -211,16 +211,60 @@ type Reward struct {
 	Details  []string  `json:"details,omitempty"`
 }
 
-// Verifier is a command the reward ran.
+// Verifier is a command the reward ran, and what it ran on.
 type Verifier struct {
-	Command    string   `json:"command"`
-	ExitCode   int      `json:"exit_code"`
-	TimedOut   bool     `json:"timed_out,omitempty"`
-	Stdout     *Bytes   `json:"stdout,omitempty"`
-	Stderr     *Bytes   `json:"stderr,omitempty"`
-	DurationMS float64  `json:"duration_ms"`
-	Restored   []string `json:"restored,omitempty"`
-	Removed    []string `json:"removed,omitempty"`
+	Command    string  `json:"command"`
+	ExitCode   int     `json:"exit_code"`
+	TimedOut   bool    `json:"timed_out,omitempty"`
+	Stdout     *Bytes  `json:"stdout,omitempty"`
+	Stderr     *Bytes  `json:"stderr,omitempty"`
+	DurationMS float64 `json:"duration_ms"`
+	// Restored and Removed are from records of the in-place verifier
+	// (before clean-room verification); new records leave them empty.
+	Restored []string `json:"restored,omitempty"`
+	Removed  []string `json:"removed,omitempty"`
+	// CleanRoom: the command ran in a fresh sandbox, not the agent's.
+	CleanRoom bool `json:"clean_room,omitempty"`
+	// Copied are the agent's files copied into the verifier's sandbox;
+	// Deleted the task's files left out because the agent deleted them;
+	// Added the hidden tests added.
+	Copied  []string `json:"copied,omitempty"`
+	Deleted []string `json:"deleted,omitempty"`
+	Added   []string `json:"added,omitempty"`
+	// Skipped are what the agent left that was not copied, and why
+	// (symlinks, special files, files over the size cap, runner
+	// configuration, protected tests, ...).
+	Skipped []Skip `json:"skipped,omitempty"`
+	// Report is the format of the runner's report read, if any; Tests its
+	// totals; Missing the must_pass tests it did not name; Failing those
+	// that did not pass (capped).
+	Report  string      `json:"report,omitempty"`
+	Tests   *TestCounts `json:"tests,omitempty"`
+	Missing []string    `json:"missing,omitempty"`
+	Failing []string    `json:"failing,omitempty"`
+	// Blame says why the reward is 0 because of what the agent left,
+	// when the tests could not decide it (a workspace too large, an agent
+	// file that does not fit, a report never written).
+	Blame string `json:"blame,omitempty"`
+	// Attempts is how many verifier sandboxes were made (a failure of the
+	// infrastructure is retried once).
+	Attempts int `json:"attempts,omitempty"`
+	// CollectMS is the time spent reading the agent's files out.
+	CollectMS float64 `json:"collect_ms,omitempty"`
+}
+
+// Skip is one path of the agent's workspace the verifier did not copy.
+type Skip struct {
+	Path   string `json:"path"`
+	Reason string `json:"reason"`
+}
+
+// TestCounts are the totals of a runner's report.
+type TestCounts struct {
+	Total   int `json:"total"`
+	Passed  int `json:"passed"`
+	Failed  int `json:"failed"`
+	Skipped int `json:"skipped"`
 }
 
 // Stats are totals over the steps.
