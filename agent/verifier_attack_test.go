@@ -261,9 +261,9 @@ var attacks = []attack{
 // gVisor lets a command reach PID 1: kill it, stop it, garble its stream,
 // while the verifier reads the workspace.
 var gvisorAttacks = []attack{
-	{"the guest killed during verification", []string{"pytest"}, []agent.Turn{bash(slowWorkspace + "; (sleep 0.3; kill -KILL 1) >/dev/null 2>&1 &")}, 0, nil},
-	{"the guest stopped during verification", []string{"pytest"}, []agent.Turn{bash(slowWorkspace + "; (sleep 0.3; kill -STOP 1) >/dev/null 2>&1 &")}, 0, nil},
-	{"the guest's stream garbled during verification", []string{"pytest"}, []agent.Turn{bash(slowWorkspace + "; (sleep 0.3; head -c 200000 /dev/urandom > /proc/1/fd/1) >/dev/null 2>&1 &")}, 0, nil},
+	{"the guest killed during verification", []string{"pytest"}, []agent.Turn{bash(slowWorkspace + "; setsid sh -c 'sleep 0.3; kill -KILL 1' >/dev/null 2>&1 </dev/null &")}, 0, nil},
+	{"the guest stopped during verification", []string{"pytest"}, []agent.Turn{bash(slowWorkspace + "; setsid sh -c 'sleep 0.3; kill -STOP 1' >/dev/null 2>&1 </dev/null &")}, 0, nil},
+	{"the guest's stream garbled during verification", []string{"pytest"}, []agent.Turn{bash(slowWorkspace + "; setsid sh -c 'sleep 0.3; head -c 200000 /dev/urandom > /proc/1/fd/1' >/dev/null 2>&1 </dev/null &")}, 0, nil},
 }
 
 // slowWorkspace leaves enough files that reading them out takes a while.
@@ -285,7 +285,7 @@ func (r attackResult) String() string {
 	if r.reward != nil {
 		rw = fmt.Sprint(*r.reward)
 	}
-	return fmt.Sprintf("%-55s %-12s %-9s %s", r.attack, r.shape, rw, r.end)
+	return fmt.Sprintf("%-55s %-18s %-9s %-14s %.200s", r.attack, r.shape, rw, r.end, r.detail)
 }
 
 // runAttacks runs each attack on each of its shapes (on the given runtimes
@@ -295,7 +295,11 @@ func runAttacks(t *testing.T, list []attack, shapes map[string]func() (*agent.Ta
 	var results []attackResult
 	sem := make(chan struct{}, 3)
 	var wg sync.WaitGroup
+	only := os.Getenv("ROLLBOX_ATTACK") // a substring of the attacks to run, for debugging
 	for _, a := range list {
+		if only != "" && !strings.Contains(a.name, only) {
+			continue
+		}
 		for _, shape := range a.shapes {
 			mk, ok := shapes[shape]
 			if !ok {
@@ -322,6 +326,9 @@ func runAttacks(t *testing.T, list []attack, shapes map[string]func() (*agent.Ta
 						v := tr.Reward.Total
 						res.reward = &v
 						res.detail = strings.Join(tr.Reward.Details, "; ")
+						if v := tr.Reward.Verifier; v != nil {
+							res.detail += fmt.Sprintf(" [read out %.0f ms, %d copied, %d skipped, %d sandbox(es)]", v.CollectMS, len(v.Copied), len(v.Skipped), v.Attempts)
+						}
 					} else {
 						res.detail = tr.Termination.Message
 					}

@@ -9,6 +9,7 @@ import (
 	"path"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/rollbox/rollbox/agent/trajectory"
@@ -80,6 +81,7 @@ func collect(ctx context.Context, sb Sandbox, workdir string, task map[string][]
 		}
 	}
 	queue := []item{{workdir, 0}}
+	var reads []readJob
 	entries, nfiles := 0, 0
 	var nbytes int64
 	for len(queue) > 0 {
@@ -144,22 +146,76 @@ func collect(ctx context.Context, sb Sandbox, workdir string, task map[string][]
 					s.blame = fmt.Sprintf("the workspace holds more than %d bytes of files, more than the verifier reads", MaxBytes)
 					return s, nil
 				}
-				data, err := sb.ReadFile(ctx, p, MaxFileBytes)
-				if err != nil {
-					if failed(ctx, err) {
-						return nil, fmt.Errorf("read %s of the agent's workspace: %w", p, err)
-					}
-					s.skip(p, "not readable: "+err.Error())
-					continue
-				}
-				if fromTask && bytes.Equal(data, task[p]) {
-					continue
-				}
-				s.files[p] = agentFile{data: data, mode: fi.Mode.Perm()}
+				reads = append(reads, readJob{path: p, mode: fi.Mode.Perm()})
 			}
 		}
 	}
-	return s, nil
+	return s, s.read(ctx, sb, task, reads)
+}
+
+type readJob struct {
+	path string
+	mode fs.FileMode
+}
+
+// readers is how many files are read out at once: one round trip each to
+// the sandbox's guest, which serves requests concurrently.
+const readers = 8
+
+// read reads the files of jobs, keeping those that differ from the task's.
+func (s *snapshot) read(ctx context.Context, sb Sandbox, task map[string][]byte, jobs []readJob) error {
+	type result struct {
+		data []byte
+		err  error
+	}
+	results := make([]result, len(jobs))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for range min(readers, len(jobs)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				data, err := sb.ReadFile(rctx, jobs[i].path, MaxFileBytes)
+				results[i] = result{data, err}
+				if err != nil && failed(rctx, err) {
+					cancel()
+				}
+			}
+		}()
+	}
+feed:
+	for i := range jobs {
+		select {
+		case next <- i:
+		case <-rctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	for i, r := range results {
+		if r.err != nil && failed(ctx, r.err) && !(errors.Is(r.err, context.Canceled) && ctx.Err() == nil) {
+			return fmt.Errorf("read %s of the agent's workspace: %w", jobs[i].path, r.err)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	for i, j := range jobs {
+		r := results[i]
+		if r.err != nil {
+			s.skip(j.path, "not readable: "+r.err.Error())
+			continue
+		}
+		if old, fromTask := task[j.path]; fromTask && bytes.Equal(r.data, old) {
+			continue
+		}
+		s.files[j.path] = agentFile{data: r.data, mode: j.mode}
+	}
+	return nil
 }
 
 // failed reports whether err is the sandbox failing (or the context
