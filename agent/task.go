@@ -217,6 +217,17 @@ func (t *Task) Validate(knownTools func(string) bool) error {
 	if err := t.Reward.Validate("reward"); err != nil {
 		return err
 	}
+	workdir := t.Sandbox.Workdir
+	if workdir == "" {
+		workdir = sandbox.DefaultWorkdir
+	}
+	if err := t.Reward.CheckPaths("reward", workdir, func(p string) bool {
+		_, a := t.Files[p]
+		_, b := t.FilesBase64[p]
+		return a || b
+	}); err != nil {
+		return err
+	}
 	if seen[tools.NameRunTests] && t.Reward.TestCommand() == "" {
 		return errors.New("tools: run_tests needs a reward of type tests (its command is what run_tests runs)")
 	}

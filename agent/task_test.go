@@ -36,6 +36,16 @@ func TestReadTasksRefusesBadInputNamingLineAndField(t *testing.T) {
 		{"an empty file", "\n\n", "no tasks"},
 		{"a composite with a bad part", `{"id": "a", "prompt": "p", "reward": {"type": "composite", "parts": [{"weight": 1, "reward": {"type": "exact"}}]}}`, "reward.parts[0].reward.answer: required"},
 		{"run_tests without a test command", `{"id": "a", "prompt": "p", "tools": ["run_tests"], "reward": {"type": "exact", "answer": "x"}}`, "run_tests needs a reward of type tests"},
+		{"a must_pass without a report", `{"id": "a", "prompt": "p", "reward": {"type": "tests", "command": "pytest", "must_pass": ["t"]}}`, "reward.must_pass: needs reward.report"},
+		{"a must_pass name given twice", `{"id": "a", "prompt": "p", "reward": {"type": "tests", "command": "pytest", "report": {"format": "pytest"}, "must_pass": ["t", "u", "t"]}}`, `reward.must_pass[2]: "t" already named at must_pass[0]`},
+		{"an unknown report format", `{"id": "a", "prompt": "p", "reward": {"type": "tests", "command": "x", "report": {"format": "xunit"}}}`, `reward.report.format "xunit" is not one of junit, pytest, go-test-json, tap`},
+		{"a junit report without a path", `{"id": "a", "prompt": "p", "reward": {"type": "tests", "command": "x", "report": {"format": "junit"}}}`, "reward.report.path: required for format junit"},
+		{"a report path that is a task file", `{"id": "a", "prompt": "p", "files": {"/work/r.xml": "<testsuites/>"}, "reward": {"type": "tests", "command": "x", "report": {"format": "junit", "path": "/work/r.xml"}}}`, `reward.report.path: "/work/r.xml" is one of the task's files`},
+		{"a bad editable glob", `{"id": "a", "prompt": "p", "reward": {"type": "tests", "command": "x", "editable": ["src/**", "*.py", "[x"]}}`, `reward.editable[2]: "[x" is not a glob`},
+		{"a hidden test outside the writable directories", `{"id": "a", "prompt": "p", "reward": {"type": "tests", "command": "x", "hidden_tests": {"/etc/t.py": ""}}}`, `reward.hidden_tests["/etc/t.py"]: not under the workdir /work or /tmp`},
+		{"a fraction score without a report", `{"id": "a", "prompt": "p", "reward": {"type": "tests", "command": "x", "score": "fraction"}}`, `reward.score: "fraction" needs reward.report`},
+		{"an unknown score", `{"id": "a", "prompt": "p", "reward": {"type": "tests", "command": "x", "score": "most"}}`, `reward.score "most" is not one of all, fraction`},
+		{"a bad must_pass in a composite part", `{"id": "a", "prompt": "p", "reward": {"type": "composite", "parts": [{"weight": 1, "reward": {"type": "tests", "command": "x", "report": {"format": "tap"}, "must_pass": [""]}}]}}`, "reward.parts[0].reward.must_pass[0]: empty test name"},
 		{"a missing workspace", `{"id": "a", "prompt": "p", "workspace": {"from": "no/such/dir"}, "reward": {"type": "exact", "answer": "x"}}`, "workspace.from:"},
 	}
 	for _, tt := range tests {
@@ -106,5 +116,17 @@ func TestTruncateKeepsHeadAndTailWithAMarker(t *testing.T) {
 				t.Errorf("invalid UTF-8 survived: %q", got)
 			}
 		})
+	}
+}
+
+func TestEveryExampleTaskFileIsValid(t *testing.T) {
+	files, _ := filepath.Glob("../examples/*/*tasks.jsonl")
+	if len(files) < 4 {
+		t.Fatalf("example task files: %v", files)
+	}
+	for _, f := range files {
+		if _, err := LoadTasks(f, nil); err != nil {
+			t.Errorf("%v", err)
+		}
 	}
 }

@@ -138,6 +138,9 @@ func planFor(s Spec, in Input, snap *snapshot) *plan {
 				pl.skipped = append(pl.skipped, trajectory.Skip{Path: p, Reason: pr + " in the agent's workspace: the task's version is used"})
 			}
 		}
+		if _, hidden := s.HiddenTests[p]; hidden {
+			continue // the hidden version replaces the visible one
+		}
 		pl.task = append(pl.task, sandbox.File{Path: p, Data: in.TaskFiles[p], Mode: 0o644})
 	}
 	for _, p := range snap.sortedFiles() {

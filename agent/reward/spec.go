@@ -105,8 +105,8 @@ type Report struct {
 }
 
 // DefaultDeny are files that configure or steer a test runner (pytest,
-// Python's start-up, Go modules, npm and make): the verifier takes them
-// from the task, never from the agent. Stale bytecode is among them: an
+// Python's start-up, Go modules, npm and make), version control and
+// caches: the verifier takes them from the task, never from the agent. Stale bytecode is among them: an
 // edit within the same second as the last import keeps the source's mtime
 // and size, and Python would run the old code.
 var DefaultDeny = []string{
@@ -115,6 +115,10 @@ var DefaultDeny = []string{
 	"go.mod", "go.sum", "go.work", "go.work.sum",
 	"package.json", ".npmrc", "jest.config.*", "vitest.config.*", ".mocharc*",
 	"Makefile", "makefile", "GNUmakefile",
+	// Not runner files, but never the agent's to hand to the verifier:
+	// version control and caches (HOME is the workdir), often thousands of
+	// files.
+	".git", ".cache",
 }
 
 // DefaultProtect matches test files and test directories: the verifier
@@ -137,8 +141,12 @@ func (s *Spec) Validate(field string) error {
 		if s.TimeoutS < 0 {
 			return fmt.Errorf("%s.timeout_s: %v is negative", field, s.TimeoutS)
 		}
-		for name, globs := range map[string][]string{"protect": s.Protect, "deny": s.Deny, "editable": s.Editable} {
-			for i, g := range globs {
+		for _, list := range []struct {
+			name  string
+			globs []string
+		}{{"protect", s.Protect}, {"deny", s.Deny}, {"editable", s.Editable}} {
+			name := list.name
+			for i, g := range list.globs {
 				if !validGlob(g) {
 					return fmt.Errorf("%s.%s[%d]: %q is not a glob (path.Match patterns joined by /, ** for any depth)", field, name, i, g)
 				}
@@ -254,6 +262,40 @@ func (s *Spec) validateReport(field string) error {
 		}
 		if _, ok := s.HiddenTests[p]; ok {
 			return fmt.Errorf("%s.report.path: %q is also a hidden test", field, p)
+		}
+	}
+	return nil
+}
+
+// CheckPaths checks the paths a tests reward writes into the verifier's
+// sandbox against the sandbox and the task: hidden tests and the report
+// must lie under the workdir or /tmp (where a sandbox takes files), and
+// the report must not be one of the task's files (it would be there before
+// the runner wrote it). field is the path to name in errors ("reward").
+func (s *Spec) CheckPaths(field, workdir string, taskFile func(string) bool) error {
+	writable := func(p string) bool {
+		return strings.HasPrefix(p, workdir+"/") || strings.HasPrefix(p, "/tmp/")
+	}
+	switch s.Type {
+	case "tests":
+		for _, p := range sortedKeys(s.HiddenTests) {
+			if !writable(p) {
+				return fmt.Errorf("%s.hidden_tests[%q]: not under the workdir %s or /tmp", field, p, workdir)
+			}
+		}
+		if s.Report != nil && s.Report.Path != "" {
+			if !writable(s.Report.Path) {
+				return fmt.Errorf("%s.report.path: %q is not under the workdir %s or /tmp", field, s.Report.Path, workdir)
+			}
+			if taskFile(s.Report.Path) {
+				return fmt.Errorf("%s.report.path: %q is one of the task's files", field, s.Report.Path)
+			}
+		}
+	case "composite":
+		for i := range s.Parts {
+			if err := s.Parts[i].Reward.CheckPaths(fmt.Sprintf("%s.parts[%d].reward", field, i), workdir, taskFile); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -150,8 +150,12 @@ func TestRunTheDockerExamplesWithPytest(t *testing.T) {
 	if tr.Sandbox.Backend != "docker" || !strings.HasPrefix(tr.Sandbox.ImageDigest, "sha256:") {
 		t.Errorf("sandbox = %+v", tr.Sandbox)
 	}
-	if v := tr.Reward.Verifier; v == nil || !slices.Contains(v.Removed, "/work/conftest.py") {
-		t.Errorf("verifier = %+v, want conftest.py removed", tr.Reward.Verifier)
+	v := tr.Reward.Verifier
+	if v == nil || !v.CleanRoom || !slices.ContainsFunc(v.Skipped, func(s trajectory.Skip) bool { return s.Path == "/work/conftest.py" }) {
+		t.Errorf("verifier = %+v, want the planted conftest.py left out of the clean room", tr.Reward.Verifier)
+	}
+	if v != nil && (v.Tests == nil || v.Tests.Total != 4 || len(v.Failing) == 0) {
+		t.Errorf("verifier = %+v, want pytest's report of the 4 tests with the failing ones named", v)
 	}
 }
 
