@@ -91,7 +91,8 @@ func TestAnOpenIsRetriedOnlyForTheInfrastructureAndKeepsTheFailedAttempts(t *tes
 		if err != nil {
 			t.Fatal(err)
 		}
-		if tr.Termination.Reason != trajectory.EndFinished || creates.Load() != 3 || len(retried) != 2 || retried[0] != "1 create" {
+		// Three opens, then the verifier's own fresh sandbox.
+		if tr.Termination.Reason != trajectory.EndFinished || creates.Load() != 4 || len(retried) != 2 || retried[0] != "1 create" {
 			t.Fatalf("end %s after %d creates, retries %v", tr.Termination.Reason, creates.Load(), retried)
 		}
 		for _, n := range []string{"ep.1.json", "ep.2.json"} {

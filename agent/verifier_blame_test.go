@@ -41,7 +41,7 @@ func (r *roles) factory(t *testing.T) agent.SandboxFactory {
 			return nil, err
 		}
 		if i == 0 {
-			if spec.Labels["rollbox.role"] == "verifier" {
+			if spec.Labels[sandbox.LabelRole] == sandbox.RoleVerifier {
 				t.Errorf("the agent's sandbox is labelled a verifier's")
 			}
 			if r.agent != nil {
@@ -49,7 +49,7 @@ func (r *roles) factory(t *testing.T) agent.SandboxFactory {
 			}
 			return sb, nil
 		}
-		if spec.Labels["rollbox.role"] != "verifier" {
+		if spec.Labels[sandbox.LabelRole] != sandbox.RoleVerifier {
 			t.Errorf("the verifier's sandbox is not labelled: %v", spec.Labels)
 		}
 		if r.verifier != nil {

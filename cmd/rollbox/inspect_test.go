@@ -16,7 +16,7 @@ func TestInspectPrintsAReadableViewOfATrajectory(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	for _, want := range []string{"episode ", "task      fix-add", "turn 0", "→ run_tests {}", "exit 1 nonzero_exit",
-		"AssertionError", "end       finished", "reward    1.000", "tests                     1.000", "verifier  cd /work && python test_calc.py → exit 0"} {
+		"AssertionError", "end       finished", "reward    1.000", "tests                     1.000", "verifier  cd /work && if [ -f /tmp/verifier/driver.py ]", "→ exit 0", "clean room: 1 of the agent's files copied", "tap report: 1 tests, 1 passed"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("inspect output lacks %q:\n%s", want, stdout)
 		}

@@ -246,6 +246,24 @@ func (p printer) end(t *trajectory.Trajectory) {
 		if len(v.Removed) > 0 {
 			p.f("          removed %s\n", p.c(yellow, strings.Join(v.Removed, ", ")))
 		}
+		if v.CleanRoom {
+			p.f("          clean room: %d of the agent's files copied, %d deleted, %d hidden tests added\n", len(v.Copied), len(v.Deleted), len(v.Added))
+		}
+		for _, sk := range v.Skipped {
+			p.f("          skipped %s: %s\n", p.c(yellow, sk.Path), sk.Reason)
+		}
+		if t := v.Tests; t != nil {
+			p.f("          %s report: %d tests, %d passed, %d failed, %d skipped\n", v.Report, t.Total, t.Passed, t.Failed, t.Skipped)
+		}
+		if len(v.Missing) > 0 {
+			p.f("          missing %s\n", p.c(red, strings.Join(v.Missing, ", ")))
+		}
+		if len(v.Failing) > 0 {
+			p.f("          not passed %s\n", p.c(red, strings.Join(v.Failing, ", ")))
+		}
+		if v.Blame != "" {
+			p.f("          scored 0: %s\n", p.c(red, v.Blame))
+		}
 		var out strings.Builder
 		if v.Stdout != nil {
 			out.Write(*v.Stdout)

@@ -31,7 +31,7 @@ func TestTheTerminalViewShowsTurnsCallsTroubleAndTheReward(t *testing.T) {
 			"#1 run_tests {}  exit 1 nonzero_exit", "AssertionError", "#5 edit", "wrote /work/calc.py sha256:",
 			"end       finished at step 9", `answer "fixed add"`,
 			"reward    1.000  ████████████████████", "tests                     1.000",
-			"verifier  cd /work && python test_calc.py → exit 0", "3 tests passed",
+			"verifier  cd /work && if [ -f /tmp/verifier/driver.py ]", "→ exit 0", "ok 1 - add and mul", "tap report: 1 tests, 1 passed",
 		}},
 		{"noisy-logs", []string{
 			"output_truncated", "truncated", "bytes dropped", "[... output truncated:", "… ", "more lines …",
