@@ -97,7 +97,7 @@ func (s *Server) run(ctx context.Context, req *guestproto.Exec) (*guestproto.Exe
 		return nil, err
 	}
 	oomBefore := s.oom.count()
-	pid, status, err := s.procs.spawn(path, argv, req.Env, req.Workdir, []uintptr{stdinR.Fd(), outW.Fd(), errW.Fd()})
+	pid, status, err := s.procs.spawn(ctx, path, argv, req.Env, req.Workdir, []uintptr{stdinR.Fd(), outW.Fd(), errW.Fd()})
 	stdinR.Close()
 	outW.Close()
 	errW.Close()
@@ -106,6 +106,10 @@ func (s *Server) run(ctx context.Context, req *guestproto.Exec) (*guestproto.Exe
 		errR.Close()
 		if stdinW != nil {
 			stdinW.Close()
+		}
+		var se *sweepError
+		if errors.As(err, &se) || ctx.Err() != nil {
+			return nil, err // the sandbox's failure, or nobody waits
 		}
 		if errors.Is(err, syscall.EAGAIN) {
 			fmt.Fprintf(stderr, "rollbox: cannot start %s: %v (the pids limit is reached)\n", argv[0], err)
@@ -193,8 +197,9 @@ wait:
 	// The command is over: nothing it started may outlive it, and its pipes
 	// must reach EOF.
 	s.enter()
-	s.procs.ended(pid)
-	s.procs.sweep()
+	if err := s.procs.ended(pid); err != nil {
+		s.log.Printf("exec %s: %v", argv[0], err) // the next command's start fails with it
+	}
 	s.leave()
 	drained := make(chan struct{})
 	go func() { readers.Wait(); close(drained) }()
