@@ -226,18 +226,24 @@ const killAllWait = 10 * time.Second
 // once none is left, reaped included. Only PID 1 may call it (elsewhere
 // kill(-1) reaches every process of the user), with forkMu held.
 //
-// kill(-1, SIGKILL) fails with ESRCH once it finds no process to signal:
-// zombies count until they are reaped, so that is the end (Linux). gVisor
-// may skip a zombie, so /proc has the last word.
+// kill(-1, SIGKILL) fails with ESRCH once it finds no process to signal.
+// Zombies count until they are reaped (Linux and gVisor alike), so an ESRCH
+// on the first call means the sandbox was already empty: the common case
+// costs one system call. After a kill, /proc must agree too.
 func (p *procs) killAll() error {
 	deadline := time.Now().Add(killAllWait)
 	delay := 20 * time.Microsecond
-	for {
+	for first := true; ; first = false {
 		err := syscall.Kill(-1, syscall.SIGKILL)
 		if err == syscall.ESRCH {
-			if left := p.others(); len(left) == 0 {
+			if first {
 				break
-			} else if time.Now().After(deadline) {
+			}
+			left := p.others()
+			if len(left) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
 				return &sweepError{fmt.Sprintf("%d processes are left %v after SIGKILL to all: %v", len(left), killAllWait, left)}
 			}
 		} else if time.Now().After(deadline) {
