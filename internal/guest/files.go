@@ -40,6 +40,12 @@ func errnoError(p string, err error) *guestproto.Error {
 		return pathError(guestproto.CodeNotFound, "%s: no such file or directory", p)
 	case errors.Is(err, unix.ELOOP):
 		return pathError(guestproto.CodePathEscape, "%s: a symlink changed under the request", p)
+	case errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM), errors.Is(err, unix.EROFS):
+		return pathError(guestproto.CodeDenied, "%s: %v", p, err)
+	case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
+		return pathError(guestproto.CodeTooLarge, "%s: no space left in the sandbox", p)
+	case errors.Is(err, unix.EISDIR), errors.Is(err, unix.ENAMETOOLONG):
+		return pathError(guestproto.CodeInvalid, "%s: %v", p, err)
 	}
 	return pathError(guestproto.CodeInternal, "%s: %v", p, err)
 }

@@ -106,7 +106,13 @@ const (
 	CodePathEscape = "path_escape"
 	CodeTooLarge   = "too_large"
 	CodeInvalid    = "invalid"
-	CodeInternal   = "internal"
+	// CodeDenied: the file exists but the command user may not do that to
+	// it (EACCES, EPERM, EROFS): the caller's to handle, like a shell's
+	// "permission denied".
+	CodeDenied = "denied"
+	// CodeInternal: the guest failed at something of its own (a pipe, a
+	// sweep, an I/O error): the sandbox's failure, not the request's.
+	CodeInternal = "internal"
 )
 
 // Error is the reply to a request that failed.
