@@ -33,6 +33,7 @@ type Server struct {
 	slots chan struct{}
 
 	mu           sync.Mutex
+	helloDone    bool
 	key          []byte // seals every reply once Hello gave one
 	writeRoots   []string
 	guardStarted bool
@@ -173,6 +174,18 @@ func (s *Server) fileRequest(t guestproto.Type, body guestproto.Payload) (guestp
 }
 
 func (s *Server) hello(id uint32, h *guestproto.Hello) {
+	// Once: the host sends one Hello before any command exists. Another
+	// came from a command writing into the guest's stdin (gVisor lets it
+	// open /proc/1/fd/0), and must change nothing: not the key, not the
+	// roots.
+	s.mu.Lock()
+	again := s.helloDone
+	s.helloDone = true
+	s.mu.Unlock()
+	if again {
+		s.reply(id, guestproto.TypeError, invalid("hello: this guest was already greeted"))
+		return
+	}
 	if h.Version != int(guestproto.Version) {
 		s.reply(id, guestproto.TypeError, invalid(fmt.Sprintf("hello: protocol version %d, this guest speaks %d", h.Version, guestproto.Version)))
 		return
