@@ -55,7 +55,8 @@ func (e *Env) exec(ctx context.Context, req sandbox.ExecRequest) (Result, error)
 }
 
 // fileError turns a file operation's error into a Result, or passes a
-// sandbox failure through as an error.
+// sandbox failure (the infrastructure's, or one the agent's own commands
+// caused) through as an error.
 func fileError(op, p string, err error) (Result, error) {
 	switch {
 	case errors.Is(err, sandbox.ErrNotFound):
@@ -66,7 +67,7 @@ func fileError(op, p string, err error) (Result, error) {
 		return failf(KindBadArguments, "%s %s: too large", op, p), nil
 	case errors.Is(err, sandbox.ErrInvalidSpec):
 		return failf(KindBadArguments, "%s %s: %v", op, p, err), nil
-	case sandbox.IsInfra(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+	case sandbox.IsInfra(err) || sandbox.IsAbuse(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 		return Result{}, err
 	default: // permission denied, is a directory, ...: the model's to handle
 		return failf(KindBadArguments, "%s %s: %v", op, p, err), nil
