@@ -9,11 +9,16 @@ import (
 	"io/fs"
 	"maps"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/docker/docker/api/types"
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/events"
+	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/pkg/stdcopy"
 
 	"github.com/rollbox/rollbox/internal/guestproto"
@@ -36,16 +41,23 @@ type Container struct {
 	pr     *io.PipeReader // the guest's stdout, demultiplexed; read by guest
 	log    *guestLog      // the guest's stderr
 
+	created time.Time // before the container was created: its engine events start after
+
+	pending  atomic.Int64 // calls waiting for the guest
+	execs    atomic.Int64 // of which commands: what could have broken the guest
+	watching atomic.Bool  // the liveness watchdog runs
+
 	closeOnce sync.Once
 	closeErr  error
 
 	mu     sync.Mutex
 	closed bool
+	broken error // the verdict on the guest's failure: every later call returns it
 }
 
-func newContainer(b *Backend, id string, spec sandbox.Spec, ref, imageID string) *Container {
+func newContainer(b *Backend, id string, spec sandbox.Spec, ref, imageID string, created time.Time) *Container {
 	return &Container{
-		b: b, id: id, spec: spec, demux: make(chan struct{}), log: newGuestLog(guestLogBytes),
+		b: b, id: id, spec: spec, demux: make(chan struct{}), log: newGuestLog(guestLogBytes), created: created,
 		info: sandbox.Info{
 			ID: id[:12], Backend: "docker", Image: ref, ImageDigest: imageID, Runtime: spec.Runtime,
 			Network: spec.Network, Limits: spec.Limits, Workdir: spec.Workdir,
@@ -112,12 +124,19 @@ func (c *Container) start(ctx context.Context) error {
 func (c *Container) Info() sandbox.Info { return c.info }
 
 // call sends one request to the guest and translates what can go wrong
-// with the sandbox (not with the request) into ErrClosed or ErrSandboxFailed.
+// with the sandbox (not with the request) into ErrClosed, ErrSandboxFailed
+// or ErrSandboxAbuse (see fail).
 func (c *Container) call(ctx context.Context, t guestproto.Type, body guestproto.Payload) (guestproto.Message, error) {
 	if c.isClosed() {
 		return guestproto.Message{}, fmt.Errorf("sandbox %s: %w", c.info.ID, sandbox.ErrClosed)
 	}
+	if err := c.brokenErr(); err != nil {
+		return guestproto.Message{}, err
+	}
+	c.pending.Add(1)
+	c.watch()
 	m, err := c.guest.Call(ctx, t, body)
+	c.pending.Add(-1)
 	if err == nil {
 		return m, nil
 	}
@@ -125,30 +144,166 @@ func (c *Container) call(ctx context.Context, t guestproto.Type, body guestproto
 	switch {
 	case errors.As(err, &ge):
 		return m, c.guestError(ge)
-	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
-		if c.isClosed() {
-			return m, fmt.Errorf("sandbox %s: %w", c.info.ID, sandbox.ErrClosed)
-		}
-		return m, err
 	case c.isClosed():
 		return m, fmt.Errorf("sandbox %s: %w", c.info.ID, sandbox.ErrClosed)
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		if b := c.brokenErr(); b != nil {
+			return m, b
+		}
+		return m, err
 	}
-	return m, c.died(err)
+	return m, c.fail(fmt.Errorf("guest connection lost: %w", err), c.execs.Load() > 0)
 }
 
-// died describes a sandbox whose guest stream broke.
-func (c *Container) died(err error) error {
-	state := ""
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if in, ierr := c.b.cli.ContainerInspect(ctx, c.id); ierr == nil && in.State != nil {
-		state = fmt.Sprintf(" (container %s, exit code %d", in.State.Status, in.State.ExitCode)
-		if in.State.OOMKilled {
-			state += ", OOM-killed"
-		}
-		state += ")"
+func (c *Container) brokenErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.broken
+}
+
+// fail records that the guest broke (its stream ended or went wrong, or it
+// stopped answering) and returns the verdict, the same for every call from
+// now on; the stream is cut so that every pending call ends with it.
+// duringCommand says whether a command was running when it broke: only a
+// command can have done it then.
+func (c *Container) fail(cause error, duringCommand bool) error {
+	if b := c.brokenErr(); b != nil {
+		return b
 	}
-	return fmt.Errorf("sandbox %s: guest connection lost%s: %v%s%s: %w", c.info.ID, state, err, c.tampered(), c.logTail(), sandbox.ErrSandboxFailed)
+	verdict := c.judge(cause, duringCommand)
+	c.mu.Lock()
+	if c.broken == nil {
+		c.broken = verdict
+	}
+	verdict = c.broken
+	c.mu.Unlock()
+	if c.hijack.Conn != nil {
+		c.hijack.Close()
+	}
+	if c.pr != nil {
+		c.pr.CloseWithError(verdict)
+	}
+	return verdict
+}
+
+// judge decides whose failure a broken guest is. The engine's own failures
+// are infrastructure (ErrEngineUnavailable, ErrSandboxFailed): the engine
+// does not answer, the container was removed, or the engine was asked to
+// kill, stop or pause it (its events say so; a signal from inside leaves no
+// such event). So is a guest that broke while no command ran (nothing of
+// the agent's exists then: the guest kills every process between
+// commands), or that panicked (a bug of its own). Otherwise the commands
+// running in the sandbox killed or froze the guest (gVisor lets a command
+// signal PID 1), garbled its stream (gVisor lets it write to /proc/1/fd/1)
+// or starved it: ErrSandboxAbuse, the agent's doing, which also wraps
+// ErrSandboxFailed.
+func (c *Container) judge(cause error, duringCommand bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	what := fmt.Sprintf("sandbox %s: %v", c.info.ID, cause)
+	in, err := c.b.cli.ContainerInspect(ctx, c.id)
+	switch {
+	case isNotFound(err):
+		return fmt.Errorf("%s: the container was removed from outside: %w", what, sandbox.ErrSandboxFailed)
+	case err != nil:
+		return fmt.Errorf("%s: %w", what, translate("inspect the container", err))
+	}
+	if in.State != nil {
+		what += fmt.Sprintf(" (container %s, exit code %d", in.State.Status, in.State.ExitCode)
+		if in.State.OOMKilled {
+			what += ", OOM-killed"
+		}
+		what += ")"
+	}
+	what += c.tampered()
+	if action := c.engineAction(ctx); action != "" {
+		return fmt.Errorf("%s: the engine was asked to %s the container%s: %w", what, action, c.logTail(), sandbox.ErrSandboxFailed)
+	}
+	if in.State != nil && in.State.Paused {
+		return fmt.Errorf("%s: the container is paused%s: %w", what, c.logTail(), sandbox.ErrSandboxFailed)
+	}
+	if !duringCommand {
+		return fmt.Errorf("%s%s: %w", what, c.logTail(), sandbox.ErrSandboxFailed)
+	}
+	if strings.Contains(c.log.String(), "panic: ") {
+		return fmt.Errorf("%s: the guest panicked%s: %w", what, c.logTail(), sandbox.ErrSandboxFailed)
+	}
+	return fmt.Errorf("%s while a command ran in it%s: %w (%w)", what, c.logTail(), sandbox.ErrSandboxAbuse, sandbox.ErrSandboxFailed)
+}
+
+// engineAction names what the engine was asked to do to the container since
+// it was created that breaks its guest ("kill (signal 9)", "pause",
+// "stop"), or "" when nothing: a command's signal to PID 1 leaves no event.
+func (c *Container) engineAction(ctx context.Context) string {
+	now := time.Now()
+	msgs, errs := c.b.cli.Events(ctx, events.ListOptions{
+		Since: strconv.FormatInt(c.created.Add(-time.Second).Unix(), 10),
+		Until: fmt.Sprintf("%d.%09d", now.Unix(), now.Nanosecond()),
+		Filters: filters.NewArgs(filters.Arg("type", string(events.ContainerEventType)),
+			filters.Arg("container", c.id)),
+	})
+	for {
+		select {
+		case m, ok := <-msgs:
+			if !ok {
+				return ""
+			}
+			switch m.Action {
+			case events.ActionKill:
+				return "kill (signal " + m.Actor.Attributes["signal"] + ")"
+			case events.ActionStop, events.ActionPause, events.ActionRestart, events.ActionDestroy:
+				return string(m.Action)
+			}
+		case <-errs:
+			return ""
+		case <-ctx.Done():
+			return ""
+		}
+	}
+}
+
+// livenessEvery is how often the watchdog pings the guest while calls wait
+// for it; each ping must be answered within Options.GuestTimeout. A guest
+// that does not (frozen by SIGSTOP, a stream a command desynchronised)
+// fails the sandbox then, not when the command's timeout has passed.
+const livenessEvery = time.Second
+
+// watch starts the liveness watchdog unless it runs.
+func (c *Container) watch() {
+	if c.watching.CompareAndSwap(false, true) {
+		go c.watchdog()
+	}
+}
+
+func (c *Container) watchdog() {
+	t := time.NewTicker(livenessEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-c.guest.Done():
+			c.watching.Store(false)
+			return
+		}
+		if c.pending.Load() == 0 || c.isClosed() || c.brokenErr() != nil {
+			c.watching.Store(false)
+			// A call that started meanwhile saw the flag still set: go on
+			// watching for it.
+			if c.pending.Load() == 0 || c.isClosed() || c.brokenErr() != nil || !c.watching.CompareAndSwap(false, true) {
+				return
+			}
+			continue
+		}
+		duringCommand := c.execs.Load() > 0
+		ctx, cancel := context.WithTimeout(context.Background(), c.b.opts.GuestTimeout)
+		_, err := c.guest.Call(ctx, guestproto.TypePing, nil)
+		timedOut := ctx.Err() != nil
+		cancel()
+		if err != nil && timedOut && !c.isClosed() {
+			c.fail(fmt.Errorf("the guest did not answer a ping in %v", c.b.opts.GuestTimeout), duringCommand || c.execs.Load() > 0)
+		}
+		// A stream that ended is the pending calls' to report.
+	}
 }
 
 // tampered says how many forged replies were dropped, if any: the sign that
@@ -167,7 +322,11 @@ func (c *Container) logTail() string {
 	return ""
 }
 
-// guestError maps the guest's error codes to sandbox error kinds.
+// guestError maps the guest's error codes to sandbox error kinds: what the
+// request got wrong is the caller's (ErrNotFound, ErrPathEscape,
+// ErrTooLarge, ErrInvalidSpec, fs.ErrPermission); what the guest failed at
+// itself, or a code this host does not know, is the sandbox's
+// (ErrSandboxFailed).
 func (c *Container) guestError(e *guestproto.Error) error {
 	switch e.Code {
 	case guestproto.CodeNotFound:
@@ -178,8 +337,12 @@ func (c *Container) guestError(e *guestproto.Error) error {
 		return fmt.Errorf("%s: %w", e.Message, sandbox.ErrTooLarge)
 	case guestproto.CodeInvalid:
 		return fmt.Errorf("%s: %w", e.Message, sandbox.ErrInvalidSpec)
+	case guestproto.CodeDenied:
+		return fmt.Errorf("%s: %w", e.Message, fs.ErrPermission)
+	case guestproto.CodeInternal:
+		return fmt.Errorf("sandbox %s: the guest failed: %s: %w", c.info.ID, e.Message, sandbox.ErrSandboxFailed)
 	}
-	return fmt.Errorf("sandbox %s: %s", c.info.ID, e.Message)
+	return fmt.Errorf("sandbox %s: the guest answered with error code %q: %s: %w", c.info.ID, e.Code, e.Message, sandbox.ErrSandboxFailed)
 }
 
 // Exec runs one command through the guest.
@@ -208,15 +371,18 @@ func (c *Container) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.
 	if msg.OutputCap == 0 {
 		msg.OutputCap = int64(l.OutputBytes)
 	}
-	// The guest enforces the timeout; this bounds a guest that stopped
-	// answering.
+	// The guest enforces the timeout and the watchdog finds a guest that
+	// stopped answering; this bounds a guest that answers pings but not the
+	// command (a bug of its own: it always answers in time otherwise).
 	wctx, cancel := context.WithTimeout(ctx, msg.Timeout+guestAnswer)
 	defer cancel()
+	c.execs.Add(1)
 	m, err := c.call(wctx, guestproto.TypeExec, msg)
+	if err != nil && ctx.Err() == nil && wctx.Err() != nil && !c.isClosed() {
+		err = c.fail(fmt.Errorf("no answer %v after the command's timeout", guestAnswer), false)
+	}
+	c.execs.Add(-1)
 	if err != nil {
-		if ctx.Err() == nil && wctx.Err() != nil {
-			return sandbox.Result{}, fmt.Errorf("sandbox %s: no answer %v after the command's timeout%s: %w", c.info.ID, guestAnswer, c.tampered(), sandbox.ErrSandboxFailed)
-		}
 		return sandbox.Result{}, err
 	}
 	var r guestproto.ExecResult
@@ -312,9 +478,19 @@ func (c *Container) isClosed() bool {
 }
 
 // Close ends every call in flight (they fail with ErrClosed), closes the
-// attach connection and force-removes the container with its volumes.
-// Idempotent and safe to call concurrently; it runs to the end even if the
-// caller's context is gone.
+// attach connection and force-removes the container with its volumes, and
+// returns once the engine says the container does not exist. Idempotent and
+// safe to call concurrently; it runs to the end even if the caller's context
+// is gone.
+//
+// # Errors
+//
+// A remove that fails (dockerd under load: "did not receive an exit event",
+// "PID ... is zombie"), or that the engine accepts while the container is
+// still there, is retried with back-off for Options.RemoveTimeout; then
+// Close returns an ErrSandboxFailed naming the container, the attempts and
+// the last failure, and Backend.RemoveFailures counts it. `rollbox gc`
+// removes such a container later.
 func (c *Container) Close() error {
 	c.closeOnce.Do(func() {
 		c.mu.Lock()
@@ -329,11 +505,9 @@ func (c *Container) Close() error {
 			// stream): closing the conn alone would not end it.
 			c.pr.CloseWithError(sandbox.ErrClosed)
 		}
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(context.Background()), time.Minute)
-		defer cancel()
-		err := c.b.cli.ContainerRemove(ctx, c.id, container.RemoveOptions{Force: true, RemoveVolumes: true})
-		if err != nil && !isNotFound(err) && !isRemovalInProgress(err) {
-			c.closeErr = translate("remove container "+c.info.ID, err)
+		if err := c.b.remove(c.id); err != nil {
+			c.b.removeFailures.Add(1)
+			c.closeErr = err
 		}
 		<-c.demux
 	})
