@@ -12,6 +12,7 @@ import (
 	"os"
 	"path"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -99,12 +100,17 @@ func resolve(root, p string, mkdir bool) (resolved, *guestproto.Error) {
 	}
 	todo := splitPath(strings.TrimPrefix(p, root))
 	cur, curPath := rootfd, []string(nil)
+	// Where cur lies on a procfs, and whether it is the procfs's root
+	// (where the pid directories are).
+	rootProc := isProcfs(rootfd)
+	curProc, procRoot := rootProc, rootProc
 	hops := 0
 	restart := func() {
 		if cur != rootfd {
 			unix.Close(cur)
 		}
 		cur, curPath = rootfd, nil
+		curProc, procRoot = rootProc, rootProc
 	}
 	fail := func(e *guestproto.Error) (resolved, *guestproto.Error) {
 		if cur != rootfd {
@@ -116,6 +122,9 @@ func resolve(root, p string, mkdir bool) (resolved, *guestproto.Error) {
 	for len(todo) > 0 {
 		c := todo[0]
 		last := len(todo) == 1
+		if procRoot && guestsOwn(c) {
+			return fail(pathError(guestproto.CodeDenied, "%s: /proc/%s is the guest agent's own, not a command's: file requests get what a command gets (run cat in bash for a command's own /proc/self)", p, c))
+		}
 		var st unix.Stat_t
 		err := unix.Fstatat(cur, c, &st, unix.AT_SYMLINK_NOFOLLOW)
 		if errors.Is(err, unix.ENOENT) && mkdir && !last {
@@ -169,7 +178,9 @@ func resolve(root, p string, mkdir bool) (resolved, *guestproto.Error) {
 		if cur != rootfd {
 			unix.Close(cur)
 		}
-		cur, curPath = fd, append(curPath, c)
+		fdProc := isProcfs(fd)
+		procRoot = fdProc && !curProc
+		cur, curPath, curProc = fd, append(curPath, c), fdProc
 		todo = todo[1:]
 	}
 	if len(todo) == 0 { // the root itself
@@ -182,6 +193,39 @@ func resolve(root, p string, mkdir bool) (resolved, *guestproto.Error) {
 		unix.Close(rootfd)
 	}
 	return resolved{dir: cur, name: todo[0]}, nil
+}
+
+// isProcfs reports whether fd lies on a procfs.
+func isProcfs(fd int) bool {
+	var st unix.Statfs_t
+	return unix.Fstatfs(fd, &st) == nil && st.Type == unix.PROC_SUPER_MAGIC
+}
+
+// guestsOwn reports whether name, an entry of a procfs root, is the guest's
+// own: "self", "thread-self", its pid, or the id of one of its threads
+// (hidden from a listing of /proc, reachable by name). The guest serves
+// file requests as the commands' user, but as itself: without this, a
+// file request would read the guest's memory map, environment and file
+// descriptors (the protocol stream among them) where a command is refused
+// them, a confused deputy. A command's /proc/self is its own; a request
+// has none.
+func guestsOwn(name string) bool {
+	switch name {
+	case "self", "thread-self":
+		return true
+	}
+	if name == "" || name[0] < '0' || name[0] > '9' {
+		return false
+	}
+	n, err := strconv.Atoi(name)
+	if err != nil {
+		return false
+	}
+	if n == os.Getpid() {
+		return true
+	}
+	var st unix.Stat_t
+	return unix.Lstat("/proc/self/task/"+strconv.Itoa(n), &st) == nil
 }
 
 func splitPath(p string) []string {

@@ -308,3 +308,50 @@ func TestConcurrentExecsCancelsTimeoutsAndFilesHammer(t *testing.T) {
 		t.Errorf("after the hammer: %q", r.Stdout)
 	}
 }
+
+// The guest serves file requests as itself: its own /proc entries are
+// refused, however they are named, while everything else in /proc is
+// served as to any process of the same user.
+func TestFileRequestsGetNoneOfTheGuestsOwnProcEntries(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	os.Symlink("/proc/self", filepath.Join(h.root, "self-link"))
+	tids, _ := os.ReadDir("/proc/self/task")
+	var tid string
+	for _, e := range tids {
+		if e.Name() != fmt.Sprint(os.Getpid()) {
+			tid = e.Name()
+		}
+	}
+	read := func(p string) error {
+		_, err := h.c.Call(ctx, guestproto.TypeReadFile, &guestproto.ReadFile{Path: p})
+		return err
+	}
+	list := func(p string) error {
+		_, err := h.c.Call(ctx, guestproto.TypeListDir, &guestproto.ListDir{Path: p})
+		return err
+	}
+	for _, p := range []string{"/proc/self/maps", "/proc/self/environ", "/proc/thread-self/status", fmt.Sprintf("/proc/%d/maps", os.Getpid()),
+		"/proc/" + tid + "/status", "/proc/self/task/" + tid + "/maps", "/dev/fd/0", "/dev/stdin", "/proc/mounts"} {
+		var e *guestproto.Error
+		if err := read(p); !errors.As(err, &e) || e.Code != guestproto.CodeDenied {
+			t.Errorf("read %s: %v, want %s", p, err, guestproto.CodeDenied)
+		}
+	}
+	for _, p := range []string{"/proc/self/fd", "/dev/fd", fmt.Sprintf("/proc/%d", os.Getpid())} {
+		var e *guestproto.Error
+		if err := list(p); !errors.As(err, &e) || e.Code != guestproto.CodeDenied {
+			t.Errorf("list %s: %v, want %s", p, err, guestproto.CodeDenied)
+		}
+	}
+	var e *guestproto.Error
+	if err := read(h.root + "/self-link/maps"); !errors.As(err, &e) || e.Code != guestproto.CodePathEscape {
+		t.Errorf("a symlink to /proc/self: %v", err)
+	}
+	if err := read("/proc/cpuinfo"); err != nil {
+		t.Errorf("/proc/cpuinfo: %v", err)
+	}
+	if err := list("/proc"); err != nil {
+		t.Errorf("listing /proc: %v", err)
+	}
+}
