@@ -109,6 +109,13 @@ func (s *Session) end(ctx context.Context, reason, message string) error {
 		term, rw = s.verify(context.WithoutCancel(ctx), term)
 	}
 	s.closeSandbox()
+	if s.closeErr != nil {
+		// The sandbox is gone (the backend verifies it) before the episode
+		// is recorded ended; one that could not be removed is recorded.
+		info := s.w.Trajectory().Sandbox
+		info.CloseError = s.closeErr.Error()
+		s.w.SetSandbox(info) // a journal that fails here fails End too: record_error
+	}
 	return s.writeEnd(term, rw)
 }
 
@@ -152,9 +159,13 @@ func abuseReward(detail string) *trajectory.Reward {
 	return &trajectory.Reward{Total: 0, Components: map[string]float64{trajectory.AbuseComponent: 0}, Details: []string{detail}}
 }
 
+// closeSandbox closes the episode's sandbox (idempotent) and keeps the
+// first error: a container the engine would not remove.
 func (s *Session) closeSandbox() {
 	if s.sb != nil {
-		s.sb.Close()
+		if err := s.sb.Close(); err != nil && s.closeErr == nil {
+			s.closeErr = err
+		}
 	}
 }
 

@@ -25,6 +25,7 @@ type Session struct {
 	deadline time.Time
 	w        *trajectory.Writer
 	sb       sandbox.Sandbox
+	closeErr error // from closing sb: recorded as sandbox.close_error
 	reg      *tools.Registry
 	env      *tools.Env
 	messages []Message

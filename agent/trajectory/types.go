@@ -96,6 +96,10 @@ type Sandbox struct {
 	Workdir     string          `json:"workdir,omitempty"`
 	Limits      json.RawMessage `json:"limits,omitempty"`
 	Loosened    []string        `json:"loosened,omitempty"`
+	// CloseError is set when the sandbox could not be removed at the end
+	// (after the backend's retries): what may be left on the host, for
+	// `rollbox gc`. The episode's end and reward are not affected.
+	CloseError string `json:"close_error,omitempty"`
 }
 
 // Policy describes who decided.

@@ -22,9 +22,8 @@ import (
 // agent writes /work/ok (so the verifier, `test -f /work/ok`, would give
 // 1), then makes the calls given, then finishes. It returns the trajectory
 // and the sandbox the episode ran in.
-func abuseEpisode(t *testing.T, rt string, verifier string, calls []map[string]any, during func(sb sandbox.Sandbox)) (*trajectory.Trajectory, sandbox.Sandbox) {
+func abuseEpisode(t *testing.T, b *docker.Backend, rt string, verifier string, calls []map[string]any, during func(sb sandbox.Sandbox)) (*trajectory.Trajectory, sandbox.Sandbox) {
 	t.Helper()
-	b := quickBackend(t)
 	if verifier == "" {
 		verifier = "test -f /work/ok"
 	}
@@ -140,7 +139,7 @@ func TestAnAgentThatBreaksItsSandboxIsScoredZero(t *testing.T) {
 			for _, a := range attacks {
 				t.Run(a.name, func(t *testing.T) {
 					start := time.Now()
-					tr, _ := abuseEpisode(t, rt, a.verifier, a.calls, nil)
+					tr, _ := abuseEpisode(t, quickBackend(t), rt, a.verifier, a.calls, nil)
 					t.Logf("after %v: %s", time.Since(start).Round(time.Millisecond), describeEnd(tr))
 					switch rt {
 					case sandbox.RuntimeRunc:
@@ -186,7 +185,7 @@ func TestAnEngineSideFailureStaysUnscored(t *testing.T) {
 			for _, o := range outside {
 				t.Run(o.name, func(t *testing.T) {
 					done := make(chan error, 1)
-					tr, _ := abuseEpisode(t, rt, "", []map[string]any{bash("sleep 20")}, func(sb sandbox.Sandbox) {
+					tr, _ := abuseEpisode(t, quickBackend(t), rt, "", []map[string]any{bash("sleep 20")}, func(sb sandbox.Sandbox) {
 						time.Sleep(3 * time.Second) // the first call and then the sleep have started
 						done <- o.do(context.Background(), sb.Info().ID)
 					})

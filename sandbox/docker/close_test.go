@@ -184,3 +184,28 @@ func TestCloseRetriesAFailedRemoveAndSurfacesOneThatNeverSucceeds(t *testing.T) 
 		})
 	}
 }
+
+// An episode is recorded ended only once its container is gone; one the
+// engine would not remove is recorded in the trajectory (sandbox.close_error,
+// naming the container), and neither its end nor its reward change.
+func TestAnEpisodeRecordsAContainerThatCouldNotBeRemoved(t *testing.T) {
+	engine, cli := newFaultyEngine(t, http.StatusInternalServerError, "tried to kill container, but did not receive an exit event")
+	b, err := docker.New(context.Background(), docker.Options{GuestPath: env.guest, Owner: testOwner, Client: cli, RemoveTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	engine.fail.Store(1 << 30)
+	tr, sb := abuseEpisode(t, b, sandbox.RuntimeRunc, "", nil, nil)
+	engine.fail.Store(0)
+	defer need(t).Client().ContainerRemove(context.Background(), sb.Info().ID, container.RemoveOptions{Force: true})
+	if tr.Termination.Reason != "finished" || tr.Reward == nil || tr.Reward.Total != 1 {
+		t.Errorf("the end changed: %s", describeEnd(tr))
+	}
+	if ce := tr.Sandbox.CloseError; !strings.Contains(ce, sb.Info().ID) || !strings.Contains(ce, "exit event") {
+		t.Errorf("sandbox.close_error = %q, want the container and the engine's error", ce)
+	}
+	if b.RemoveFailures() != 1 {
+		t.Errorf("RemoveFailures = %d", b.RemoveFailures())
+	}
+}
