@@ -21,7 +21,8 @@ import (
 // abuseEpisode runs one episode through agent.Run on the real engine: the
 // agent writes /work/ok (so the verifier, `test -f /work/ok`, would give
 // 1), then makes the calls given, then finishes. It returns the trajectory
-// and the sandbox the episode ran in.
+// and the sandbox the episode ran in (the verifier's comes after it);
+// during, if set, runs beside the episode with that sandbox.
 func abuseEpisode(t *testing.T, b *docker.Backend, rt string, verifier string, calls []map[string]any, during func(sb sandbox.Sandbox)) (*trajectory.Trajectory, sandbox.Sandbox) {
 	t.Helper()
 	if verifier == "" {
@@ -60,9 +61,12 @@ func abuseEpisode(t *testing.T, b *docker.Backend, rt string, verifier string, c
 			sb, err := b.Create(ctx, spec)
 			if err == nil {
 				mu.Lock()
-				made = sb
+				first := made == nil
+				if first {
+					made = sb
+				}
 				mu.Unlock()
-				if during != nil {
+				if first && during != nil {
 					go during(sb)
 				}
 			}
