@@ -50,27 +50,20 @@ func NewBuilder(progress io.Writer) *Builder {
 	return &Builder{SourceDir: src, CacheDir: DefaultCacheDir(), Progress: progress}
 }
 
-// DefaultCacheDir is $ROLLBOX_CACHE, else the user's cache dir /rollbox.
+// DefaultCacheDir is the user's cache dir /rollbox (the temporary
+// directory's rollbox-cache without one). rollbox honours $ROLLBOX_CACHE
+// by setting CacheDir.
 func DefaultCacheDir() string {
-	if d := os.Getenv("ROLLBOX_CACHE"); d != "" {
-		return d
-	}
 	if d, err := os.UserCacheDir(); err == nil {
 		return filepath.Join(d, "rollbox")
 	}
 	return filepath.Join(os.TempDir(), "rollbox-cache")
 }
 
-// FindSource finds the module root: $ROLLBOX_SRC, else the first directory
-// above the working directory, or above this executable, whose go.mod
-// declares Module.
+// FindSource finds the module root: the first directory above the working
+// directory, or above this executable, whose go.mod declares Module.
+// rollbox honours $ROLLBOX_SRC by setting SourceDir.
 func FindSource() (string, error) {
-	if d := os.Getenv("ROLLBOX_SRC"); d != "" {
-		if isModuleRoot(d) {
-			return d, nil
-		}
-		return "", fmt.Errorf("ROLLBOX_SRC=%s holds no go.mod for %s: %w", d, Module, ErrNoSource)
-	}
 	var starts []string
 	if wd, err := os.Getwd(); err == nil {
 		starts = append(starts, wd)
@@ -156,6 +149,9 @@ func (b *Builder) build(ctx context.Context, tgt Target) (string, error) {
 	if b.SourceDir == "" {
 		return "", fmt.Errorf("build %s: %w (set ROLLBOX_SRC to a checkout)", tgt.Package, ErrNoSource)
 	}
+	if !isModuleRoot(b.SourceDir) {
+		return "", fmt.Errorf("build %s: %s holds no go.mod for %s: %w (set ROLLBOX_SRC to a checkout)", tgt.Package, b.SourceDir, Module, ErrNoSource)
+	}
 	hash, err := b.sourceHash(ctx, tgt)
 	if err != nil {
 		return "", fmt.Errorf("build %s: %w", tgt.Package, err)
@@ -174,7 +170,7 @@ func (b *Builder) build(ctx context.Context, tgt Target) (string, error) {
 	tmp := fmt.Sprintf("%s.tmp%d", out, os.Getpid())
 	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", tmp, "./"+tgt.Package)
 	cmd.Dir = b.SourceDir
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS="+tgt.GOOS, "GOARCH="+tgt.GOARCH, "GOFLAGS=-mod=mod")
+	cmd.Env = append(cmd.Environ(), "CGO_ENABLED=0", "GOOS="+tgt.GOOS, "GOARCH="+tgt.GOARCH, "GOFLAGS=-mod=mod")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {
@@ -192,7 +188,7 @@ func (b *Builder) build(ctx context.Context, tgt Target) (string, error) {
 func (b *Builder) sourceHash(ctx context.Context, tgt Target) (string, error) {
 	cmd := exec.CommandContext(ctx, "go", "list", "-deps", "-json=Dir,GoFiles,EmbedFiles,Module", "./"+tgt.Package)
 	cmd.Dir = b.SourceDir
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS="+tgt.GOOS, "GOARCH="+tgt.GOARCH, "GOFLAGS=-mod=mod")
+	cmd.Env = append(cmd.Environ(), "CGO_ENABLED=0", "GOOS="+tgt.GOOS, "GOARCH="+tgt.GOARCH, "GOFLAGS=-mod=mod")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -51,9 +51,10 @@ func TestBuildWithoutSourceSaysHowToFixIt(t *testing.T) {
 	}
 }
 
-func TestFindSourceHonoursROLLBOX_SRC(t *testing.T) {
-	t.Setenv("ROLLBOX_SRC", t.TempDir())
-	if _, err := FindSource(); !errors.Is(err, ErrNoSource) {
+func TestASourceDirWithoutOurGoModIsRefused(t *testing.T) {
+	b := &Builder{SourceDir: t.TempDir(), CacheDir: t.TempDir()}
+	_, err := b.Build(context.Background(), Target{Package: "images/guest", GOOS: "linux", GOARCH: "amd64", Name: "guest"})
+	if !errors.Is(err, ErrNoSource) || !strings.Contains(err.Error(), "holds no go.mod") {
 		t.Fatalf("a directory without our go.mod was accepted: %v", err)
 	}
 }

@@ -322,7 +322,7 @@ func (s *Server) parseRollout(body []byte) (*rollout, []*job, error) {
 		}
 	}
 	ep := s.endpoints.get(pr.BaseURL)
-	pol, err := openai.New(openai.Config{BaseURL: pr.BaseURL, Model: pr.Model, MaxRetries: maxRetries,
+	pol, err := openai.New(openai.Config{BaseURL: pr.BaseURL, Model: pr.Model, APIKey: s.opts.PolicyAPIKey, MaxRetries: maxRetries,
 		Timeout: time.Duration(pr.TimeoutS * float64(time.Second)), HTTPClient: ep.client})
 	if err != nil {
 		return nil, nil, badField("policy", "%v", err)

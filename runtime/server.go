@@ -37,6 +37,8 @@ type Options struct {
 	Catalog []*agent.Task
 	// KnownTool validates tool names (default: the builtin tools).
 	KnownTool func(string) bool
+	// PolicyAPIKey is sent to the rollouts' OpenAI-compatible servers.
+	PolicyAPIKey string
 	// ConfigureEpisode, if set, may adjust each episode's config (search
 	// tools over the catalog's indexes).
 	ConfigureEpisode func(*agent.Config) error

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -41,8 +40,8 @@ type Config struct {
 	BaseURL string
 	// Model is the model name sent with every request.
 	Model string
-	// APIKey is sent as a bearer token; $OPENAI_API_KEY when empty, else
-	// "EMPTY" (what vLLM and SGLang accept when they check no key).
+	// APIKey is sent as a bearer token; "EMPTY" when empty (what vLLM and
+	// SGLang accept when they check no key). rollbox passes $OPENAI_API_KEY.
 	APIKey string
 	// Timeout bounds each attempt, reading the whole response included.
 	Timeout time.Duration
@@ -105,9 +104,6 @@ func New(cfg Config) (*Policy, error) {
 		p.maxRetries = 0
 	}
 	key := cfg.APIKey
-	if key == "" {
-		key = os.Getenv("OPENAI_API_KEY")
-	}
 	if key == "" {
 		key = "EMPTY"
 	}

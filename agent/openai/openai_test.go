@@ -203,7 +203,7 @@ func TestRequestHeaders(t *testing.T) {
 		bearer string
 	}{
 		{name: "the configured API key is sent", key: "sk-a", env: "sk-env", bearer: "Bearer sk-a"},
-		{name: "the key falls back to OPENAI_API_KEY", env: "sk-env", bearer: "Bearer sk-env"},
+		{name: "the environment is not read: the caller passes the key", env: "sk-env", bearer: "Bearer EMPTY"},
 		{name: "without any key EMPTY is sent", bearer: "Bearer EMPTY"},
 	}
 	for _, tt := range tests {

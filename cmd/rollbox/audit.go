@@ -114,7 +114,7 @@ func runAudit(ctx context.Context, env *cliEnv, args []string) error {
 		fmt.Fprintf(env.stderr, "rollbox audit: WARNING: this spec loosens isolation: %s\n", strings.Join(l, ", "))
 	}
 
-	builder := images.NewBuilder(env.stderr)
+	builder := env.cfg.builder(env.stderr)
 	opts := audit.Options{Progress: env.stderr}
 	var err error
 	if *backendName == sandbox.BackendWASM {
@@ -125,7 +125,7 @@ func runAudit(ctx context.Context, env *cliEnv, args []string) error {
 	if err != nil {
 		return fmt.Errorf("building the probe program: %w", err)
 	}
-	backend, err := openBackendWith(ctx, *backendName, env.stderr, backendOptions{auditLog: *auditLog})
+	backend, err := openBackend(ctx, *backendName, env.stderr, backendOptions{auditLog: *auditLog, cfg: env.cfg})
 	if err != nil {
 		return err
 	}

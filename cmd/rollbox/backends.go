@@ -8,43 +8,43 @@ import (
 
 	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/sandbox/auditlog"
+	"github.com/rollbox/rollbox/sandbox/wasm"
 )
 
 // defaultBackend is the embedded default: it needs nothing but this binary.
 const defaultBackend = sandbox.BackendWASM
 
-// openBackend wires up a sandbox backend by name. progress gets one line for
-// each first-use build. When $ROLLBOX_AUDIT_LOG names a file, every sandbox
-// the backend makes appends its calls there (sandbox/auditlog).
-func openBackend(ctx context.Context, name string, progress io.Writer) (sandbox.Backend, error) {
-	return openBackendWith(ctx, name, progress, backendOptions{})
-}
-
-// backendOptions are what a command's flags add to openBackend.
+// backendOptions are what the configuration and a command's flags give
+// openBackend.
 type backendOptions struct {
-	// auditLog is the audit log file (--audit-log); "" means
-	// $ROLLBOX_AUDIT_LOG, and no log when that is unset too.
+	cfg config
+	// auditLog is the audit log file (--audit-log); "" means the
+	// configuration's ($ROLLBOX_AUDIT_LOG), and no log when that is unset too.
 	auditLog string
 	// warmGuests builds and compiles the WASM guest programs as the backend
 	// opens (run and serve), so no episode pays for a first-use compile.
 	warmGuests bool
 }
 
-func openBackendWith(ctx context.Context, name string, progress io.Writer, o backendOptions) (sandbox.Backend, error) {
+// openBackend wires up a sandbox backend by name. progress gets one line for
+// each first-use build. With an audit log, every sandbox the backend makes
+// appends its calls there (sandbox/auditlog).
+func openBackend(ctx context.Context, name string, progress io.Writer, o backendOptions) (sandbox.Backend, error) {
 	var be sandbox.Backend
 	var err error
 	switch name {
 	case sandbox.BackendWASM:
-		be, err = openWASM(ctx, progress)
-		if w, ok := be.(interface {
-			Warm(context.Context, ...string) error
-		}); ok && err == nil && o.warmGuests {
-			if err = w.Warm(ctx, "python", "js"); err != nil {
-				be.Close()
+		var w *wasm.Backend
+		if w, err = openWASM(ctx, progress, o.cfg); err == nil {
+			be = w
+			if o.warmGuests {
+				if err = w.Warm(ctx, "python", "js"); err != nil {
+					w.Close()
+				}
 			}
 		}
 	case sandbox.BackendDocker:
-		be, err = openDocker(ctx, progress)
+		be, err = openDocker(ctx, progress, o.cfg)
 	default:
 		return nil, usagef("backend %v", sandbox.CheckBackend(name))
 	}
@@ -53,13 +53,13 @@ func openBackendWith(ctx context.Context, name string, progress io.Writer, o bac
 	}
 	path := o.auditLog
 	if path == "" {
-		path = os.Getenv("ROLLBOX_AUDIT_LOG")
+		path = o.cfg.auditLog
 	}
 	if path == "" {
 		return be, nil
 	}
 	sync := auditlog.SyncEvery
-	if os.Getenv("ROLLBOX_AUDIT_SYNC") == "none" {
+	if o.cfg.auditSyncNone {
 		sync = auditlog.SyncNone
 	}
 	l, err := auditlog.Open(path, auditlog.Options{Sync: sync})

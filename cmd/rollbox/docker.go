@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"io"
-	"os"
 
 	"github.com/rollbox/rollbox/images"
 	"github.com/rollbox/rollbox/internal/lease"
@@ -17,21 +16,21 @@ var guestTarget = images.Target{Package: "images/guest", GOOS: "linux", GOARCH: 
 // openDocker wires up the docker backend: the guest agent comes from
 // $ROLLBOX_GUEST (a prebuilt static binary) or is built from this module's
 // source, cached by content.
-func openDocker(ctx context.Context, progress io.Writer) (sandbox.Backend, error) {
-	guest := os.Getenv("ROLLBOX_GUEST")
+func openDocker(ctx context.Context, progress io.Writer, cfg config) (sandbox.Backend, error) {
+	guest := cfg.guest
 	if guest == "" {
 		var err error
-		if guest, err = images.NewBuilder(progress).Build(ctx, guestTarget); err != nil {
+		if guest, err = cfg.builder(progress).Build(ctx, guestTarget); err != nil {
 			return nil, err
 		}
 	}
 	// The process's lease marks its containers as live: `rollbox gc` (and
 	// serve at start-up) removes only those whose lease no process holds.
-	l, err := lease.Acquire(lease.Dir())
+	l, err := lease.Acquire(cfg.leaseDir)
 	if err != nil {
 		return nil, err
 	}
-	b, err := docker.New(ctx, docker.Options{GuestPath: guest, Owner: dockerOwner(),
+	b, err := docker.New(ctx, docker.Options{GuestPath: guest, Owner: cfg.dockerOwner(),
 		Labels: map[string]string{lease.LabelLease: l.Token(), lease.LabelHost: lease.Host()}})
 	if err != nil {
 		l.Release()
@@ -57,10 +56,11 @@ func (b *leasedDocker) Close() error {
 func (b *leasedDocker) Unwrap() sandbox.Backend { return b.Backend }
 
 // dockerOwner is the rollbox.owner label of the containers this process
-// makes: $ROLLBOX_OWNER, default "rollbox". `rollbox gc` removes them.
-func dockerOwner() string {
-	if o := os.Getenv("ROLLBOX_OWNER"); o != "" {
-		return o
+// makes: $ROLLBOX_OWNER (serve's own, derived from its data directory),
+// default "rollbox". `rollbox gc` removes them.
+func (c config) dockerOwner() string {
+	if c.owner != "" {
+		return c.owner
 	}
 	return docker.DefaultOwner
 }

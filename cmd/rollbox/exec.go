@@ -41,7 +41,7 @@ func runExec(ctx context.Context, env *cliEnv, args []string) error {
 	if err := spec.Validate(); err != nil {
 		return usagef("%v", err)
 	}
-	backend, err := openBackendWith(ctx, *backendName, env.stderr, backendOptions{auditLog: *auditLog})
+	backend, err := openBackend(ctx, *backendName, env.stderr, backendOptions{auditLog: *auditLog, cfg: env.cfg})
 	if err != nil {
 		var ue *usageError
 		if errors.As(err, &ue) {

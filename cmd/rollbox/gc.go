@@ -6,12 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/rollbox/rollbox/images"
 	"github.com/rollbox/rollbox/internal/lease"
 	"github.com/rollbox/rollbox/sandbox/docker"
 	"github.com/rollbox/rollbox/sandbox/wasm"
@@ -45,7 +43,7 @@ func runGC(ctx context.Context, env *cliEnv, args []string) error {
 		}
 		fmt.Fprintf(env.stdout, "removed %d containers of owner %q\n", n, *owner)
 	}
-	errs = append(errs, gcAll(ctx, env.stdout))
+	errs = append(errs, gcAll(ctx, env.stdout, env.cfg))
 	return errors.Join(errs...)
 }
 
@@ -65,12 +63,12 @@ func runGC(ctx context.Context, env *cliEnv, args []string) error {
 // touched, so `rollbox serve` can call gcAll at start-up while other rollbox
 // processes run. Without a docker engine the container step is skipped.
 // Safe to run twice.
-func gcAll(ctx context.Context, w io.Writer) error {
+func gcAll(ctx context.Context, w io.Writer, cfg config) error {
 	var errs []error
-	leases := lease.Dir()
+	leases := cfg.leaseDir
 	host := lease.Host()
 
-	removed, unleased, err := gcContainers(ctx, leases, host)
+	removed, unleased, err := gcContainers(ctx, cfg, leases, host)
 	switch {
 	case errors.Is(err, errNoEngine):
 		fmt.Fprintf(w, "gc: docker: no engine answers; no containers to remove\n")
@@ -100,7 +98,7 @@ func gcAll(ctx context.Context, w io.Writer) error {
 	errs = append(errs, err)
 	fmt.Fprintf(w, "gc: temp: removed %d image build directories%s\n", len(dirs), list(dirs))
 
-	b := images.NewBuilder(nil)
+	b := cfg.builder(nil)
 	partial, err := b.CleanupPartial()
 	errs = append(errs, err)
 	compiled, err := wasm.CleanupCache(b.CacheDir, 10*time.Minute)
@@ -117,11 +115,9 @@ var errNoEngine = errors.New("no docker engine")
 
 // gcContainers removes the containers whose lease is dead, and counts those
 // carrying no lease (made by an older rollbox or by a test).
-func gcContainers(ctx context.Context, leases, host string) (removed []string, unleased int, err error) {
-	if os.Getenv("DOCKER_HOST") == "" {
-		if _, err := os.Stat("/var/run/docker.sock"); err != nil {
-			return nil, 0, errNoEngine
-		}
+func gcContainers(ctx context.Context, cfg config, leases, host string) (removed []string, unleased int, err error) {
+	if !cfg.dockerEngineMayAnswer() {
+		return nil, 0, errNoEngine
 	}
 	cli, err := docker.NewClient()
 	if err != nil {

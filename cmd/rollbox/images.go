@@ -10,7 +10,6 @@ import (
 
 	"github.com/rollbox/rollbox/images"
 	"github.com/rollbox/rollbox/sandbox/docker"
-	"github.com/rollbox/rollbox/sandbox/wasm"
 )
 
 // runImages is `rollbox images build [NAME...] | list`.
@@ -46,7 +45,7 @@ func imagesBuild(ctx context.Context, env *cliEnv, args []string) error {
 			}
 		case n == "guest":
 			start := time.Now()
-			p, err := images.NewBuilder(env.stderr).Build(ctx, guestTarget)
+			p, err := env.cfg.builder(env.stderr).Build(ctx, guestTarget)
 			if err != nil {
 				return err
 			}
@@ -84,7 +83,7 @@ func imagesBuild(ctx context.Context, env *cliEnv, args []string) error {
 // than on first use.
 func buildWASMGuests(ctx context.Context, env *cliEnv) error {
 	start := time.Now()
-	be, err := wasm.New(ctx, wasm.Options{Progress: env.stderr})
+	be, err := openWASM(ctx, env.stderr, env.cfg)
 	if err != nil {
 		return err
 	}

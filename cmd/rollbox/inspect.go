@@ -43,7 +43,7 @@ func runInspect(ctx context.Context, env *cliEnv, args []string) error {
 	var useColor bool
 	switch *color {
 	case "auto":
-		useColor = colorOutput(env.stdout)
+		useColor = env.cfg.colorOutput(env.stdout)
 	case "always":
 		useColor = true
 	case "never":

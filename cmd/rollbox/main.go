@@ -46,6 +46,10 @@ type command struct {
 type cliEnv struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
+	// getenv reads the environment (os.Getenv when nil), once, into cfg
+	// when the command starts.
+	getenv func(string) string
+	cfg    config
 }
 
 func commands() map[string]command {
@@ -87,6 +91,11 @@ func run(ctx context.Context, env *cliEnv, args []string) int {
 		usage(env.stderr, cmds)
 		return exitBadInput
 	}
+	getenv := env.getenv
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	env.cfg = readConfig(getenv)
 	err := c.run(ctx, env, args[1:])
 	var ue *usageError
 	var ee *exitError

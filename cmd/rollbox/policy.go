@@ -20,6 +20,8 @@ import (
 type policyOptions struct {
 	retries int
 	timeout time.Duration
+	// apiKey is sent to an OpenAI-compatible server ($OPENAI_API_KEY).
+	apiKey string
 }
 
 // openPolicy parses --policy.
@@ -67,7 +69,7 @@ func openOpenAI(base, model string, opts policyOptions) (agent.Policy, trajector
 		}
 		model = m
 	}
-	p, err := openai.New(openai.Config{BaseURL: base, Model: model, MaxRetries: opts.retries, Timeout: opts.timeout, BackoffBase: 200 * time.Millisecond})
+	p, err := openai.New(openai.Config{BaseURL: base, Model: model, APIKey: opts.apiKey, MaxRetries: opts.retries, Timeout: opts.timeout, BackoffBase: 200 * time.Millisecond})
 	if err != nil {
 		return nil, trajectory.Policy{}, err
 	}

@@ -100,7 +100,7 @@ func runReplay(ctx context.Context, env *cliEnv, args []string) error {
 	var policy agent.Policy
 	var policyInfo trajectory.Policy
 	if *policySpec != "" {
-		if policy, policyInfo, err = openPolicy(*policySpec, []*agent.Task{task}, policyOptions{}); err != nil {
+		if policy, policyInfo, err = openPolicy(*policySpec, []*agent.Task{task}, policyOptions{apiKey: env.cfg.openAIKey}); err != nil {
 			return usagef("--policy: %v", err)
 		}
 	}
@@ -112,7 +112,7 @@ func runReplay(ctx context.Context, env *cliEnv, args []string) error {
 	if err := sandbox.CheckBackend(tr.Sandbox.Backend); err != nil {
 		return usagef("%s: sandbox.backend %v", pos[0], err)
 	}
-	backend, err := openBackend(ctx, tr.Sandbox.Backend, env.stderr)
+	backend, err := openBackend(ctx, tr.Sandbox.Backend, env.stderr, backendOptions{cfg: env.cfg})
 	if err != nil {
 		return fmt.Errorf("backend %s: %w", tr.Sandbox.Backend, err)
 	}
@@ -135,7 +135,7 @@ func runReplay(ctx context.Context, env *cliEnv, args []string) error {
 		}
 		defer os.RemoveAll(dir)
 	}
-	text := replay.Text{W: env.stdout, Color: colorOutput(env.stdout)}
+	text := replay.Text{W: env.stdout, Color: env.cfg.colorOutput(env.stdout)}
 	shown := tr.Sandbox.ImageDigest
 	if shown == "" {
 		shown = tr.Sandbox.Image
@@ -250,7 +250,7 @@ func openShell(ctx context.Context, env *cliEnv, sb sandbox.Sandbox) error {
 }
 
 // colorOutput reports whether w is a terminal that wants colour.
-func colorOutput(w io.Writer) bool {
+func (c config) colorOutput(w io.Writer) bool {
 	f, ok := w.(*os.File)
-	return ok && os.Getenv("NO_COLOR") == "" && os.Getenv("TERM") != "dumb" && term.IsTerminal(int(f.Fd()))
+	return ok && !c.noColor && term.IsTerminal(int(f.Fd()))
 }

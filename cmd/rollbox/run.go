@@ -62,7 +62,7 @@ func runRun(ctx context.Context, env *cliEnv, args []string) error {
 	if err != nil {
 		return usagef("%v", err)
 	}
-	policy, info, err := openPolicy(*policySpec, tasks, policyOptions{retries: *policyRetries, timeout: *policyTimeout})
+	policy, info, err := openPolicy(*policySpec, tasks, policyOptions{retries: *policyRetries, timeout: *policyTimeout, apiKey: env.cfg.openAIKey})
 	if err != nil {
 		return usagef("--policy: %v", err)
 	}
@@ -82,7 +82,7 @@ func runRun(ctx context.Context, env *cliEnv, args []string) error {
 	if *out == "" {
 		*out = "out/" + rolloutID
 	}
-	backends := newBackendSet(env.stderr)
+	backends := newBackendSet(env.stderr, env.cfg)
 	backends.opts.auditLog = *auditLog
 	defer backends.Close()
 
@@ -142,9 +142,9 @@ type backendSet struct {
 // compiled when the backend opens, not inside an episode's first command,
 // where a first-use compile (seconds) would count against the model's
 // exec timeout.
-func newBackendSet(progress io.Writer) *backendSet {
+func newBackendSet(progress io.Writer, cfg config) *backendSet {
 	return &backendSet{progress: progress, open: map[string]sandbox.Backend{}, errs: map[string]error{},
-		opts: backendOptions{warmGuests: true}}
+		opts: backendOptions{cfg: cfg, warmGuests: true}}
 }
 
 func (b *backendSet) get(ctx context.Context, name string) (sandbox.Backend, error) {
@@ -156,7 +156,7 @@ func (b *backendSet) get(ctx context.Context, name string) (sandbox.Backend, err
 	if err, ok := b.errs[name]; ok {
 		return nil, err
 	}
-	be, err := openBackendWith(ctx, name, b.progress, b.opts)
+	be, err := openBackend(ctx, name, b.progress, b.opts)
 	if err != nil {
 		b.errs[name] = fmt.Errorf("backend %s: %w", name, err)
 		return nil, b.errs[name]

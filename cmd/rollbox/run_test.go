@@ -110,7 +110,7 @@ func writeFile(t *testing.T, dir, name, content string) string {
 func needDocker(t *testing.T) {
 	t.Helper()
 	ctx := context.Background()
-	be, err := openDocker(ctx, os.Stderr)
+	be, err := openDocker(ctx, os.Stderr, readConfig(os.Getenv))
 	if err == nil {
 		defer be.Close()
 		var sb interface{ Close() error }

@@ -99,15 +99,15 @@ func runServe(ctx context.Context, env *cliEnv, args []string) error {
 	// from the data directory, so that a restart on the same directory
 	// removes exactly what the crashed process left (and nothing of another
 	// rollbox's). ROLLBOX_OWNER, when set, wins.
-	owner := os.Getenv("ROLLBOX_OWNER")
-	if owner == "" {
-		owner = serviceOwner(*data)
-		os.Setenv("ROLLBOX_OWNER", owner) // read by openDocker, for every backend opened below
+	cfg := env.cfg
+	if cfg.owner == "" {
+		cfg.owner = serviceOwner(*data) // for every backend opened below
 	}
-	removeOrphans(ctx, log, owner)
+	owner := cfg.owner
+	removeOrphans(ctx, log, cfg)
 	// And what any crashed rollbox left (containers whose process lease is
 	// dead, build dirs, half-written cache files): never a live process's.
-	if err := gcAll(ctx, logLines{log}); err != nil {
+	if err := gcAll(ctx, logLines{log}, cfg); err != nil {
 		log.Warn("cleaning up after crashed processes", "err", err)
 	}
 	// Every running episode holds its journal open, every policy slot a
@@ -120,7 +120,7 @@ func runServe(ctx context.Context, env *cliEnv, args []string) error {
 		}
 	}
 
-	backends := newBackendSet(env.stderr)
+	backends := newBackendSet(env.stderr, cfg)
 	defer backends.Close()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -131,7 +131,7 @@ func runServe(ctx context.Context, env *cliEnv, args []string) error {
 		limits.Backend[sandbox.BackendWASM] = *wasmConc
 	}
 	srv, rec, err := runtime.Open(runtime.Options{
-		DataDir: *data, DefaultBackend: *backendName, Catalog: catalog, KnownTool: knownTool,
+		DataDir: *data, DefaultBackend: *backendName, Catalog: catalog, KnownTool: knownTool, PolicyAPIKey: cfg.openAIKey,
 		ConfigureEpisode: indexes.configure, Registry: reg, Logger: log, Limits: limits,
 		Backends: runtime.BackendFunc(func(ctx context.Context, name string) (sandbox.Backend, error) {
 			return backends.get(ctx, name)
@@ -197,12 +197,11 @@ func serviceOwner(dataDir string) string {
 // removeOrphans removes the containers a previous service on the same data
 // directory left (a crash leaves them running). Without a reachable engine
 // there is nothing to remove: WASM sandboxes die with their process.
-func removeOrphans(ctx context.Context, log *slog.Logger, owner string) {
-	if os.Getenv("DOCKER_HOST") == "" {
-		if _, err := os.Stat("/var/run/docker.sock"); err != nil {
-			return
-		}
+func removeOrphans(ctx context.Context, log *slog.Logger, cfg config) {
+	if !cfg.dockerEngineMayAnswer() {
+		return
 	}
+	owner := cfg.owner
 	cli, err := docker.NewClient()
 	if err != nil {
 		return

@@ -96,7 +96,7 @@ func serve(t *testing.T, args ...string) (url string, stop func() int) {
 }
 
 func TestServeRunsARolloutAndKeepsItAcrossARestart(t *testing.T) {
-	t.Setenv("ROLLBOX_OWNER", "rollbox-serve-test") // serve would set it for the process otherwise
+	t.Setenv("ROLLBOX_OWNER", "rollbox-serve-test") // the owner label of this test's containers
 	dir := t.TempDir()
 	tasks := filepath.Join(dir, "tasks.jsonl")
 	os.WriteFile(tasks, []byte(`{"id": "say-done", "prompt": "Say done.", "tools": ["bash", "finish"], "reward": {"type": "exact", "answer": "done"}}`+"\n"), 0o644)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 
-	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/sandbox/wasm"
 )
 
@@ -12,6 +11,7 @@ import (
 // line) and compiled the first time a command needs them, then cached under
 // the rollbox cache directory. A CPython WASI build named by
 // $ROLLBOX_PYTHON_WASM / $ROLLBOX_PYTHON_HOME replaces the default python.
-func openWASM(ctx context.Context, progress io.Writer) (sandbox.Backend, error) {
-	return wasm.New(ctx, wasm.Options{Progress: progress})
+func openWASM(ctx context.Context, progress io.Writer, cfg config) (*wasm.Backend, error) {
+	return wasm.New(ctx, wasm.Options{Progress: progress, CacheDir: cfg.cacheDir, Builder: cfg.builder(progress),
+		PythonWASM: cfg.pythonWASM, PythonHome: cfg.pythonHome})
 }

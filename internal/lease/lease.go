@@ -31,22 +31,20 @@ const (
 
 const suffix = ".lease"
 
-// Dir is where leases live: $ROLLBOX_LEASE_DIR, else /run/rollbox/leases
-// for root, $XDG_RUNTIME_DIR/rollbox/leases, or a per-user directory under
-// the temporary directory. Every rollbox process of a host must see the
-// same directory (a service with a private /tmp does see /run); the /run
-// ones are emptied at boot, when every lease is dead anyway.
-func Dir() string {
-	if d := os.Getenv("ROLLBOX_LEASE_DIR"); d != "" {
-		return d
-	}
+// DefaultDir is where leases live unless rollbox is told otherwise
+// ($ROLLBOX_LEASE_DIR): /run/rollbox/leases for root, runtimeDir/rollbox/leases
+// (runtimeDir is the user's $XDG_RUNTIME_DIR, "" when unset), or a per-user
+// directory under the temporary directory. Every rollbox process of a host
+// must see the same directory (a service with a private /tmp does see
+// /run); the /run ones are emptied at boot, when every lease is dead anyway.
+func DefaultDir(runtimeDir string) string {
 	if os.Getuid() == 0 {
 		if st, err := os.Stat("/run"); err == nil && st.IsDir() {
 			return "/run/rollbox/leases"
 		}
 	}
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		return filepath.Join(d, "rollbox", "leases")
+	if runtimeDir != "" {
+		return filepath.Join(runtimeDir, "rollbox", "leases")
 	}
 	return filepath.Join(os.TempDir(), fmt.Sprintf("rollbox-%d", os.Getuid()), "leases")
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
@@ -117,27 +116,21 @@ func (b *Backend) HostAddrs(ctx context.Context) ([]string, error) {
 func (b *Backend) TaskLimit(spec sandbox.Spec) int { return spec.WithDefaults().Limits.PIDs + guestThreads }
 
 // HostFiles are the host files a container escape of the CVE-2019-5736
-// class would overwrite (sandbox.Inspector): the runtime binaries in PATH
-// (runc, runsc, docker-init, the containerd shims) and the guest agent
-// bind-mounted into every container.
+// class would overwrite (sandbox.Inspector): the runtime binaries (runc,
+// runsc, docker-init, the containerd shims) as the executable search path
+// finds them, and the guest agent bind-mounted into every container.
 func (b *Backend) HostFiles() []string {
 	seen := map[string]bool{}
 	var out []string
-	add := func(p string) {
+	for _, name := range []string{"runc", "runsc", "docker-init", "containerd-shim",
+		"containerd-shim-runc-v1", "containerd-shim-runc-v2", "containerd-shim-runsc-v1"} {
+		p, err := exec.LookPath(name)
+		if err != nil {
+			continue
+		}
 		if r, err := filepath.EvalSymlinks(p); err == nil && !seen[r] {
 			seen[r] = true
 			out = append(out, r)
-		}
-	}
-	for _, name := range []string{"runc", "runsc", "docker-init", "containerd-shim"} {
-		if p, err := exec.LookPath(name); err == nil {
-			add(p)
-		}
-	}
-	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
-		matches, _ := filepath.Glob(filepath.Join(dir, "containerd-shim*"))
-		for _, m := range matches {
-			add(m)
 		}
 	}
 	sort.Strings(out)
