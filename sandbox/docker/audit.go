@@ -113,7 +113,9 @@ func (b *Backend) HostAddrs(ctx context.Context) ([]string, error) {
 
 // TaskLimit is the container's task ceiling (sandbox.Inspector): the
 // spec's pids and the guest agent's own threads.
-func (b *Backend) TaskLimit(spec sandbox.Spec) int { return spec.WithDefaults().Limits.PIDs + guestThreads }
+func (b *Backend) TaskLimit(spec sandbox.Spec) int {
+	return spec.WithDefaults().Limits.PIDs + guestThreads
+}
 
 // HostFiles are the host files a container escape of the CVE-2019-5736
 // class would overwrite (sandbox.Inspector): the runtime binaries (runc,

@@ -366,4 +366,3 @@ func (b *Backend) remove(id string) error {
 func isRemovalInProgress(err error) bool {
 	return err != nil && (strings.Contains(err.Error(), "already in progress") || strings.Contains(err.Error(), "is already being removed"))
 }
-
