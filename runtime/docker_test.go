@@ -2,6 +2,7 @@ package runtime_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"regexp"
 	"strconv"
@@ -24,7 +25,9 @@ import (
 // The Docker tests run the service over the real engine with the base
 // image; they skip without an engine, and fail instead under CI=true.
 
-const dockerTestOwner = "rollbox-runtime-test"
+// dockerTestOwner labels this test process's containers: its own, so that
+// counting them sees nobody else's (other test runs share the engine).
+var dockerTestOwner = fmt.Sprintf("rollbox-runtime-test-%d", os.Getpid())
 
 var (
 	dockerOnce sync.Once

@@ -197,9 +197,19 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 	cfg, hc := b.containerConfig(spec, img.ID)
 	name := "rollbox-" + randomHex(6)
 	now := time.Now()
-	created, err := b.cli.ContainerCreate(ctx, cfg, hc, nil, nil, name)
+	// The create itself is never abandoned midway: an engine that was asked
+	// goes on making the container after the caller gives up (a warm pool
+	// closing, an episode cancelled), so the call runs to its answer and a
+	// container made for a caller that is gone is removed.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	created, err := b.cli.ContainerCreate(cctx, cfg, hc, nil, nil, name)
+	cancel()
 	if err != nil {
 		return nil, translate("create container", err)
+	}
+	if err := context.Cause(ctx); err != nil {
+		b.remove(created.ID)
+		return nil, fmt.Errorf("create container: %w", err)
 	}
 	c := newContainer(b, created.ID, spec, ref, img.ID, now)
 	if err := c.start(ctx); err != nil {
