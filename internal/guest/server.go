@@ -10,6 +10,7 @@ import (
 	"log"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"syscall"
 
@@ -198,6 +199,17 @@ func (s *Server) hello(id uint32, h *guestproto.Hello) {
 		}
 		roots = append(roots, r)
 	}
+	for _, r := range h.SharedRoots {
+		if !slices.Contains(roots, r) {
+			s.reply(id, guestproto.TypeError, invalid(fmt.Sprintf("hello: shared root %q is not a writable root", r)))
+			return
+		}
+	}
+	for _, r := range roots {
+		if err := fixRootMode(r, slices.Contains(h.SharedRoots, r)); err != nil {
+			s.log.Printf("hello: %v", err)
+		}
+	}
 	if len(h.Key) != 0 && len(h.Key) != guestproto.KeySize {
 		s.reply(id, guestproto.TypeError, invalid(fmt.Sprintf("hello: a key of %d bytes, want %d", len(h.Key), guestproto.KeySize)))
 		return
@@ -230,6 +242,35 @@ func (s *Server) hello(id uint32, h *guestproto.Hello) {
 		Version: int(guestproto.Version), Agent: AgentVersion, PID: os.Getpid(), OOMSource: source,
 		Sealed: len(h.Key) > 0,
 	})
+}
+
+// fixRootMode gives a writable root the mode it needs whatever the image
+// made it: a container engine copies an image directory's mode onto the
+// tmpfs mounted over it (Docker's tmpcopyup), so an image whose /tmp is
+// 0755 or whose workdir is 0500 would leave commands unable to write
+// there. The tmpfs is owned by the commands' user, the guest's own, so the
+// guest may fix it: shared roots (/tmp) become 1777, the others gain rwx
+// for their owner. A root owned by someone else is left alone.
+func fixRootMode(root string, shared bool) error {
+	var st syscall.Stat_t
+	if err := syscall.Stat(root, &st); err != nil {
+		return fmt.Errorf("writable root %s: %v", root, err)
+	}
+	if int(st.Uid) != os.Geteuid() {
+		return nil
+	}
+	mode := st.Mode & 0o7777
+	want := mode | 0o700
+	if shared {
+		want = 0o1777
+	}
+	if want == mode {
+		return nil
+	}
+	if err := syscall.Chmod(root, want); err != nil {
+		return fmt.Errorf("writable root %s: chmod %o: %v", root, want, err)
+	}
+	return nil
 }
 
 func (s *Server) replyErr(id uint32, err error) {

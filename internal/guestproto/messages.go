@@ -25,6 +25,11 @@ type Hello struct {
 	// this one on (Seal), so the host can drop replies a command forged.
 	// Optional on the wire: a Hello without it decodes as before.
 	Key []byte
+	// SharedRoots are the writable roots the guest makes sticky and
+	// world-writable (1777, like /tmp); the other writable roots get read,
+	// write and search for their owner. A root the guest does not own is
+	// left as it is. Optional on the wire, after Key.
+	SharedRoots []string
 }
 
 // HelloReply answers Hello.
@@ -131,8 +136,11 @@ func (m *Hello) Encode(b []byte) []byte {
 	e.strs(m.WritableRoots)
 	e.int(m.MemoryGuardBytes)
 	e.int(m.ProcessLimit)
-	if len(m.Key) > 0 {
+	if len(m.Key) > 0 || len(m.SharedRoots) > 0 {
 		e.bytes(m.Key)
+	}
+	if len(m.SharedRoots) > 0 {
+		e.strs(m.SharedRoots)
 	}
 	return e.b
 }
@@ -235,6 +243,12 @@ func (m *Hello) Decode(p []byte) error {
 	m.ProcessLimit = d.int()
 	if len(d.b) > 0 && d.err == nil {
 		m.Key = d.bytes()
+		if len(m.Key) == 0 {
+			m.Key = nil
+		}
+	}
+	if len(d.b) > 0 && d.err == nil {
+		m.SharedRoots = d.strs()
 	}
 	return d.end("hello")
 }

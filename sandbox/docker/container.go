@@ -95,6 +95,7 @@ func (c *Container) start(ctx context.Context) error {
 	hello := &guestproto.Hello{
 		Version:       int(guestproto.Version),
 		WritableRoots: []string{c.spec.Workdir, "/tmp"},
+		SharedRoots:   []string{"/tmp"},
 		Key:           key,
 	}
 	if c.spec.Runtime == sandbox.RuntimeRunsc {
@@ -338,12 +339,19 @@ func (c *Container) guestError(e *guestproto.Error) error {
 	case guestproto.CodeInvalid:
 		return fmt.Errorf("%s: %w", e.Message, sandbox.ErrInvalidSpec)
 	case guestproto.CodeDenied:
-		return fmt.Errorf("%s: %w", e.Message, fs.ErrPermission)
+		return deniedError(e.Message)
 	case guestproto.CodeInternal:
 		return fmt.Errorf("sandbox %s: the guest failed: %s: %w", c.info.ID, e.Message, sandbox.ErrSandboxFailed)
 	}
 	return fmt.Errorf("sandbox %s: the guest answered with error code %q: %s: %w", c.info.ID, e.Code, e.Message, sandbox.ErrSandboxFailed)
 }
+
+// deniedError is a file request refused for the commands' user's rights:
+// an fs.ErrPermission whose message is the guest's (which says so already).
+type deniedError string
+
+func (e deniedError) Error() string { return string(e) }
+func (e deniedError) Unwrap() error { return fs.ErrPermission }
 
 // Exec runs one command through the guest.
 func (c *Container) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Result, error) {

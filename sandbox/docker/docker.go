@@ -278,7 +278,10 @@ func (b *Backend) containerConfig(spec sandbox.Spec, imageID string) (*container
 		}},
 		Tmpfs: map[string]string{
 			spec.Workdir: fmt.Sprintf("rw,exec,nosuid,nodev,size=%dm,mode=0755,uid=%d,gid=%d", l.DiskMB, uid, gid),
-			"/tmp":       fmt.Sprintf("rw,exec,nosuid,nodev,size=%dm,mode=1777", l.TmpMB),
+			// Owned by the commands' user too: the engine copies the
+			// image's /tmp mode over mode= (runc's tmpcopyup), and the
+			// guest, as the owner, makes it 1777 again (guest.fixRootMode).
+			"/tmp": fmt.Sprintf("rw,exec,nosuid,nodev,size=%dm,mode=1777,uid=%d,gid=%d", l.TmpMB, uid, gid),
 		},
 		Resources: container.Resources{
 			Memory:     memory,

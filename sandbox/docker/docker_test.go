@@ -52,6 +52,7 @@ func TestMain(m *testing.M) {
 			return m.Run()
 		}
 		defer func() {
+			removeTinyImages(context.Background())
 			if n, err := docker.Cleanup(context.Background(), b.Client(), testOwner); err != nil || n > 0 {
 				fmt.Fprintf(os.Stderr, "cleanup: removed %d leftover containers, err %v\n", n, err)
 			}

@@ -68,6 +68,7 @@ func Run(t *testing.T, backend sandbox.Backend, opts Options) {
 	t.Run("an out-of-memory command is reported as OOM", s.oom)
 	t.Run("a fork bomb stays inside the pids limit and the sandbox still answers", s.forkBomb)
 	t.Run("network egress fails", s.network)
+	t.Run("commands can write the workdir and /tmp", s.writableDirs)
 	t.Run("files round-trip byte-exact", s.files)
 	t.Run("reading a missing file is ErrNotFound", s.missingFile)
 	t.Run("paths outside the sandbox are refused", s.pathEscape)
@@ -416,6 +417,18 @@ func probeProgram(t *testing.T, backend string) (host, inSandbox string) {
 		t.Fatalf("building the probe program: %v", err)
 	}
 	return host, inSandbox
+}
+
+// writableDirs: whatever the image, commands (compilers, test runners'
+// temporary directories) can create files and directories in the workdir
+// and in /tmp.
+func (s *suite) writableDirs(t *testing.T) {
+	sb := s.new(t)
+	wd := s.opts.Spec.WithDefaults().Workdir
+	res := s.sh(t, sb, fmt.Sprintf(`echo a > /tmp/w-a && mkdir -p /tmp/w-d/e && echo b > /tmp/w-d/e/f && echo c > %[1]s/w-c && mkdir -p %[1]s/w-d/e && cat /tmp/w-a /tmp/w-d/e/f %[1]s/w-c`, wd))
+	if res.ExitCode != 0 || string(res.Stdout) != "a\nb\nc\n" {
+		t.Errorf("writing /tmp and %s: exit %d, %q %q", wd, res.ExitCode, res.Stdout, res.Stderr)
+	}
 }
 
 func (s *suite) files(t *testing.T) {
