@@ -36,9 +36,16 @@ type Task struct {
 	FilesBase64 map[string]string `json:"files_base64,omitempty"`
 	Workspace   *Workspace        `json:"workspace,omitempty"`
 	Tools       []string          `json:"tools,omitempty"`
-	Reward      reward.Spec       `json:"reward"`
-	Limits      EpisodeLimits     `json:"limits"`
-	Retriever   *Retriever        `json:"retriever,omitempty"`
+	// Reward scores the episode. A "tests" reward runs its command after
+	// the episode in a fresh sandbox of this task's backend and spec, with
+	// the task's files, the agent's changes it takes (reward.editable, or
+	// all but reward.protect and reward.deny), and reward.hidden_tests; it
+	// scores the runner's report of named tests (reward.report,
+	// reward.must_pass, reward.score) or, weaker, the exit status. See
+	// package reward and the README's "Tests rewards".
+	Reward    reward.Spec   `json:"reward"`
+	Limits    EpisodeLimits `json:"limits"`
+	Retriever *Retriever    `json:"retriever,omitempty"`
 	// Seed is passed to the policy's sampling when set, and pinned in the trajectory.
 	Seed     *int64         `json:"seed,omitempty"`
 	Metadata map[string]any `json:"metadata,omitempty"`
