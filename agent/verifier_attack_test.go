@@ -397,3 +397,34 @@ func TestTheVerifierResistsRewardHacksOnWASM(t *testing.T) {
 		"wasm-js-tap": func() (*agent.Task, agent.SandboxFactory) { return attackTask(t, "wasm-js-tap", ""), f },
 	})
 }
+
+func TestTheVerifierRunsWithTheTasksEnvironmentAndConfiguration(t *testing.T) {
+	f := dockerFactory(t)
+	run := func(t *testing.T, task *agent.Task, turns ...agent.Turn) *trajectory.Trajectory {
+		t.Helper()
+		return runEpisode(t, task, &turnsPolicy{turns: append(turns, finish)}, func(c *agent.Config) { c.NewSandbox = f; c.Backend = "docker" })
+	}
+	t.Run("the import path comes from sandbox.env", func(t *testing.T) {
+		task := taskJSON(t, "env-path", map[string]any{"backend": "docker", "image": "python", "env": map[string]string{"PYTHONPATH": "/work/src"}},
+			map[string]string{"/work/src/calc.py": pytestFiles["/work/calc.py"], "/work/tests/test_calc.py": pytestFiles["/work/tests/test_calc.py"]},
+			map[string]any{"type": "tests", "command": "cd /work && python3 -m pytest -q tests", "report": map[string]any{"format": "pytest"},
+				"must_pass": []string{"tests/test_calc.py::test_add", "tests/test_calc.py::test_add_zero"}})
+		tr := run(t, task, bash("sed -i 's/a - b/a + b/' /work/src/calc.py"))
+		if tr.Reward == nil || tr.Reward.Total != 1 {
+			t.Fatalf("the honest fix: reward %+v (%s)", tr.Reward, tr.Termination.Message)
+		}
+	})
+	t.Run("an editable pytest configuration is read from the task's copy", func(t *testing.T) {
+		task := taskJSON(t, "editable-config", map[string]any{"backend": "docker", "image": "python"}, pytestFiles,
+			map[string]any{"type": "tests", "command": "cd /work && python3 -m pytest -q", "editable": []string{"calc.py", "pyproject.toml"}})
+		tr := run(t, task, write("/work/pyproject.toml", "[tool.pytest.ini_options]\npythonpath = [\".\"]\ntestpaths = [\"tests\"]\naddopts = \"-k 'not add'\"\n"))
+		v := tr.Reward.Verifier
+		if tr.Reward.Total != 0 || !slices.Contains(v.Copied, "/work/pyproject.toml") || v.Tests == nil || v.Tests.Total != 3 {
+			t.Fatalf("reward %+v verifier %+v, want the agent's pyproject.toml copied, the task's pytest section used, 0", tr.Reward, v)
+		}
+		tr = run(t, task, bash(honestPy), write("/work/pyproject.toml", "[tool.pytest.ini_options]\npythonpath = [\".\"]\ntestpaths = [\"tests\"]\n\n[project]\nname = \"calc\"\n"))
+		if tr.Reward.Total != 1 {
+			t.Fatalf("the honest fix with an edited pyproject.toml: reward %+v", tr.Reward)
+		}
+	})
+}

@@ -337,7 +337,7 @@ func runOnce(ctx context.Context, s Spec, in Input, pl *plan, withAgent bool, at
 	}
 	if withAgent {
 		agentFiles := pl.agent
-		if in.Backend != "wasm" {
+		if in.Backend != sandbox.BackendWASM {
 			var skipped []trajectory.Skip
 			agentFiles, skipped, err = dropShadows(ctx, sb, agentFiles, pl.task)
 			if err != nil {
