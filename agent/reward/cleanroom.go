@@ -274,6 +274,25 @@ type run struct {
 	copied  []string
 }
 
+// prepared is a verifier sandbox made ahead, while the agent's files are
+// read out (the agent's sandbox is closed before anything runs in it).
+type prepared struct {
+	sb       sandbox.Sandbox
+	err      error
+	attempts int
+}
+
+// prepare starts making a verifier sandbox; the channel yields it once.
+func prepare(ctx context.Context, in Input) <-chan prepared {
+	ch := make(chan prepared, 1)
+	go func() {
+		var p prepared
+		p.sb, p.err = newVerifierSandbox(ctx, in, &p.attempts)
+		ch <- p
+	}()
+	return ch
+}
+
 // newVerifierSandbox makes the fresh sandbox, trying twice: a sandbox that
 // cannot be made is the infrastructure's failure.
 func newVerifierSandbox(ctx context.Context, in Input, attempts *int) (sandbox.Sandbox, error) {
@@ -298,8 +317,15 @@ func newVerifierSandbox(ctx context.Context, in Input, attempts *int) (sandbox.S
 // runOnce makes a fresh sandbox, writes the plan into it and runs the
 // command. withAgent false is the control run (the task's files alone).
 // An errRetry is the verifier sandbox failing; other errors are final.
-func runOnce(ctx context.Context, s Spec, in Input, pl *plan, withAgent bool, attempts *int) (*run, error) {
-	sb, err := newVerifierSandbox(ctx, in, attempts)
+func runOnce(ctx context.Context, s Spec, in Input, pl *plan, withAgent bool, attempts *int, made *prepared) (*run, error) {
+	var sb sandbox.Sandbox
+	var err error
+	if made != nil {
+		sb, err = made.sb, made.err
+		*attempts += made.attempts
+	} else {
+		sb, err = newVerifierSandbox(ctx, in, attempts)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -22,7 +22,10 @@ type workspace struct {
 
 // read returns the snapshot of the agent's workspace, reading it on the
 // first call. The agent's sandbox is closed afterwards, whatever happened.
-func (w *workspace) read(ctx context.Context, in Input) (*snapshot, error) {
+//
+// fresh reports whether a fresh sandbox of the spec starts (nil) or not:
+// asked only when the agent's sandbox failed, to tell whose failure it is.
+func (w *workspace) read(ctx context.Context, in Input, fresh func() error) (*snapshot, error) {
 	if w.done {
 		return w.snap, w.err
 	}
@@ -62,13 +65,10 @@ func (w *workspace) read(ctx context.Context, in Input) (*snapshot, error) {
 		// the infrastructure cannot make a fresh sandbox either, that is
 		// its failure; if it can, the episode's own sandbox broke under
 		// what the episode left running in it.
-		attempts := 0
-		sb, ferr := newVerifierSandbox(ctx, in, &attempts)
-		if ferr != nil {
+		if ferr := fresh(); ferr != nil {
 			w.err = fmt.Errorf("reading the agent's workspace: %v; %w", err, ferr)
 			break
 		}
-		sb.Close()
 		w.err = fmt.Errorf("the episode's sandbox failed while the verifier read its workspace (%v), while a fresh sandbox of the same spec works: %w", err, sandbox.ErrSandboxAbuse)
 	}
 	return w.snap, w.err
@@ -81,7 +81,29 @@ func (w *workspace) read(ctx context.Context, in Input) (*snapshot, error) {
 func tests(ctx context.Context, s Spec, in Input) (*trajectory.Reward, error) {
 	v := &trajectory.Verifier{Command: s.Command, CleanRoom: true}
 	r := &trajectory.Reward{Components: map[string]float64{"tests": 0}, Verifier: v}
-	snap, err := in.ws.read(ctx, in)
+	var ahead <-chan prepared
+	if in.NewSandbox != nil {
+		ahead = prepare(ctx, in) // made while the agent's files are read
+	}
+	var made *prepared
+	take := func() *prepared {
+		if made == nil && ahead != nil {
+			p := <-ahead
+			made, ahead = &p, nil
+		}
+		return made
+	}
+	defer func() { // not used: close it
+		if p := take(); p != nil && p.sb != nil {
+			p.sb.Close()
+		}
+	}()
+	snap, err := in.ws.read(ctx, in, func() error {
+		if p := take(); p != nil {
+			return p.err
+		}
+		return errors.New("no verifier sandbox was made")
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +124,12 @@ func tests(ctx context.Context, s Spec, in Input) (*trajectory.Reward, error) {
 	sort.Strings(v.Added)
 	var rn *run
 	for try := 0; try < 2; try++ {
-		rn, err = runOnce(ctx, s, in, pl, true, &v.Attempts)
+		var first *prepared
+		if try == 0 {
+			first = take()
+			made = &prepared{} // handed over: runOnce closes it
+		}
+		rn, err = runOnce(ctx, s, in, pl, true, &v.Attempts, first)
 		var re errRetry
 		if err == nil || !errors.As(err, &re) {
 			break
@@ -112,7 +139,7 @@ func tests(ctx context.Context, s Spec, in Input) (*trajectory.Reward, error) {
 	if errors.As(err, &re) {
 		// The verifier's sandbox failed twice with the agent's files in it.
 		// A control run of the task's files alone tells whose failure it is.
-		_, cerr := runOnce(ctx, s, in, pl, false, &v.Attempts)
+		_, cerr := runOnce(ctx, s, in, pl, false, &v.Attempts, nil)
 		if cerr == nil {
 			return nil, fmt.Errorf("the verifier's sandbox failed twice with the agent's files in it (%v) and not without them: %w", err, sandbox.ErrSandboxAbuse)
 		}
