@@ -152,7 +152,27 @@ func (s *Session) newVerifierSandbox(ctx context.Context) (sandbox.Sandbox, erro
 		spec.Labels = map[string]string{}
 	}
 	spec.Labels[sandbox.LabelRole] = sandbox.RoleVerifier
-	return s.cfg.NewSandbox(ctx, s.backend, spec)
+	sb, err := s.cfg.NewSandbox(ctx, s.backend, spec)
+	if err != nil {
+		return nil, err
+	}
+	return &verifierSandbox{Sandbox: sb, s: s}, nil
+}
+
+// verifierSandbox records a failure to remove the verifier's sandbox as
+// the episode's sandbox.close_error, like its own sandbox's. The verifier
+// closes it before the episode is recorded ended, in end's goroutine.
+type verifierSandbox struct {
+	sandbox.Sandbox
+	s *Session
+}
+
+func (v *verifierSandbox) Close() error {
+	err := v.Sandbox.Close()
+	if err != nil && v.s.closeErr == nil {
+		v.s.closeErr = fmt.Errorf("the verifier's sandbox: %w", err)
+	}
+	return err
 }
 
 func abuseReward(detail string) *trajectory.Reward {

@@ -369,7 +369,18 @@ func (r attackResult) rewardString() string {
 
 func TestTheVerifierResistsRewardHacksOnRunc(t *testing.T) {
 	f := dockerFactory(t)
-	runAttacks(t, recommended(attacks), map[string]func() (*agent.Task, agent.SandboxFactory){
+	// runc runs the legacy shape (what existing tasks get by default), and
+	// the named shape where the legacy one is weak and for the controls;
+	// gVisor runs the named shape. ROLLBOX_ATTACK_ALL=1 runs both here.
+	list := recommended(attacks)
+	if os.Getenv("ROLLBOX_ATTACK_ALL") != "1" {
+		for i, a := range list {
+			if len(a.weak) == 0 && a.want == 0 && a.turns != nil {
+				list[i].shapes = slices.DeleteFunc(slices.Clone(a.shapes), func(s string) bool { return s == "pytest-named" })
+			}
+		}
+	}
+	runAttacks(t, list, map[string]func() (*agent.Task, agent.SandboxFactory){
 		"pytest":       func() (*agent.Task, agent.SandboxFactory) { return attackTask(t, "pytest", "runc"), f },
 		"pytest-named": func() (*agent.Task, agent.SandboxFactory) { return attackTask(t, "pytest-named", "runc"), f },
 	})
@@ -378,11 +389,12 @@ func TestTheVerifierResistsRewardHacksOnRunc(t *testing.T) {
 func TestTheVerifierResistsRewardHacksOnGVisor(t *testing.T) {
 	f := dockerFactory(t)
 	// gVisor is slow to start and to make files: the named shape only (the
-	// legacy one is runc's test; ROLLBOX_ATTACK_LEGACY=1 adds it here).
+	// legacy one is runc's test; ROLLBOX_ATTACK_LEGACY=1 or
+	// ROLLBOX_ATTACK_ALL=1 adds it here).
 	shapes := map[string]func() (*agent.Task, agent.SandboxFactory){
 		"pytest-named": func() (*agent.Task, agent.SandboxFactory) { return attackTask(t, "pytest-named", "runsc"), f },
 	}
-	if os.Getenv("ROLLBOX_ATTACK_LEGACY") == "1" {
+	if os.Getenv("ROLLBOX_ATTACK_LEGACY") == "1" || os.Getenv("ROLLBOX_ATTACK_ALL") == "1" {
 		shapes["pytest"] = func() (*agent.Task, agent.SandboxFactory) { return attackTask(t, "pytest", "runsc"), f }
 	}
 	runAttacks(t, recommended(append(append([]attack{}, attacks...), gvisorAttacks...)), shapes)
