@@ -157,18 +157,7 @@ func TestWarmDockerPoolsAreSizedFromWaitingEpisodes(t *testing.T) {
 	})
 	id := s.submit(rolloutBody(hold, 4, dockerTask("a"))) // 1 runs, 3 wait: the pool aims for 2
 	s.waitState(id, 60*time.Second, func(st status) bool { return st.Running == 1 })
-	ready := regexp.MustCompile(`rollbox_sandbox_pool_ready\{backend="docker"\} (\d+)`)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		m := ready.FindStringSubmatch(s.metrics())
-		if m != nil && m[1] == "2" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the pool did not warm 2 sandboxes: %v", m)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	s.waitPoolReady(2, 30*time.Second)
 	release()
 	st := s.waitState(id, 90*time.Second, func(st status) bool { return st.State == runtime.RolloutDone })
 	if st.Ends["finished"] != 4 {
@@ -190,6 +179,23 @@ func TestWarmDockerPoolsAreSizedFromWaitingEpisodes(t *testing.T) {
 	waitContainers(t, 0, 20*time.Second) // no demand left: the pool shrinks to nothing
 }
 
+// waitPoolReady waits until the docker warm pool holds want ready sandboxes.
+func (s *service) waitPoolReady(want int, within time.Duration) {
+	s.t.Helper()
+	ready := regexp.MustCompile(`rollbox_sandbox_pool_ready\{backend="docker"\} (\d+)`)
+	deadline := time.Now().Add(within)
+	for {
+		m := ready.FindStringSubmatch(s.metrics())
+		if m != nil && m[1] == strconv.Itoa(want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("the warm pool did not reach %d ready sandboxes in %v: %v", want, within, m)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func TestAWarmPoolIsFilledForASpecBeforeAnyEpisodeOfItStarts(t *testing.T) {
 	src := dockerBackends(t)
 	hold, release := blockingPolicy(t)
@@ -205,18 +211,7 @@ func TestAWarmPoolIsFilledForASpecBeforeAnyEpisodeOfItStarts(t *testing.T) {
 	second := s.submit(rolloutBody(hold, 3, other))
 	// None of b's episodes can start, yet its spec is known from admission:
 	// the pool makes 2 sandboxes of it.
-	ready := regexp.MustCompile(`rollbox_sandbox_pool_ready\{backend="docker"\} (\d+)`)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		m := ready.FindStringSubmatch(s.metrics())
-		if m != nil && m[1] == "2" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the pool did not warm b's spec before any episode of it started: %v", m)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	s.waitPoolReady(2, 30*time.Second)
 	if st := s.status(second); st.Running != 0 || st.EpisodesDone != 0 {
 		t.Fatalf("b's episodes started: %+v", st)
 	}

@@ -9,15 +9,23 @@ import (
 	"github.com/rollbox/rollbox/sandbox/wasm"
 )
 
-func TestPoolSizedFromDemandGrowsAndShrinks(t *testing.T) {
-	ctx := context.Background()
-	be, err := wasm.New(ctx, wasm.Options{})
+// emptyPool is a pool of size 0 over a WASM backend of the test's own.
+func emptyPool(t *testing.T) (*wasm.Backend, *sandbox.Pool) {
+	be, err := wasm.New(context.Background(), wasm.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer be.Close()
 	p := sandbox.NewPool(be, 0)
-	defer p.Close()
+	t.Cleanup(func() {
+		p.Close()
+		be.Close()
+	})
+	return be, p
+}
+
+func TestPoolSizedFromDemandGrowsAndShrinks(t *testing.T) {
+	ctx := context.Background()
+	be, p := emptyPool(t)
 	spec := sandbox.Spec{Limits: sandbox.Limits{MemoryMB: 64}}
 	sb, err := p.Get(ctx, spec) // a miss: the pool keeps nothing yet, but learns the spec
 	if err != nil {
@@ -51,13 +59,7 @@ func TestPoolSizedFromDemandGrowsAndShrinks(t *testing.T) {
 
 func TestOnePoolKeepsEachSpecsOwnDemandAndDropsLabels(t *testing.T) {
 	ctx := context.Background()
-	be, err := wasm.New(ctx, wasm.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer be.Close()
-	p := sandbox.NewPool(be, 0)
-	defer p.Close()
+	_, p := emptyPool(t)
 	small := sandbox.Spec{Limits: sandbox.Limits{MemoryMB: 64}}
 	large := sandbox.Spec{Limits: sandbox.Limits{MemoryMB: 128}}
 	waitFor := func(spec sandbox.Spec, want int) {
