@@ -147,14 +147,21 @@ func TestADockerRolloutRunsAndCancelsPromptly(t *testing.T) {
 	}
 }
 
-func TestWarmDockerPoolsAreSizedFromWaitingEpisodes(t *testing.T) {
+// warmPoolService is a service running one docker episode at a time with a
+// warm pool of 2, and a policy that holds its episodes until released.
+func warmPoolService(t *testing.T) (s *service, hold *fakepolicy.Server, release func()) {
 	src := dockerBackends(t)
-	hold, release := blockingPolicy(t)
-	s := startService(t, "", func(o *runtime.Options) {
+	hold, release = blockingPolicy(t)
+	s = startService(t, "", func(o *runtime.Options) {
 		o.Backends = src
 		o.Limits.Backend = map[string]int{"docker": 1}
 		o.Limits.WarmPool = map[string]int{"docker": 2}
 	})
+	return s, hold, release
+}
+
+func TestWarmDockerPoolsAreSizedFromWaitingEpisodes(t *testing.T) {
+	s, hold, release := warmPoolService(t)
 	id := s.submit(rolloutBody(hold, 4, dockerTask("a"))) // 1 runs, 3 wait: the pool aims for 2
 	s.waitState(id, 60*time.Second, func(st status) bool { return st.Running == 1 })
 	s.waitPoolReady(2, 30*time.Second)
@@ -197,13 +204,7 @@ func (s *service) waitPoolReady(want int, within time.Duration) {
 }
 
 func TestAWarmPoolIsFilledForASpecBeforeAnyEpisodeOfItStarts(t *testing.T) {
-	src := dockerBackends(t)
-	hold, release := blockingPolicy(t)
-	s := startService(t, "", func(o *runtime.Options) {
-		o.Backends = src
-		o.Limits.Backend = map[string]int{"docker": 1}
-		o.Limits.WarmPool = map[string]int{"docker": 2}
-	})
+	s, hold, release := warmPoolService(t)
 	first := s.submit(rolloutBody(hold, 1, dockerTask("a"))) // holds the only docker slot
 	s.waitState(first, 60*time.Second, func(st status) bool { return st.Running == 1 })
 	other := dockerTask("b")
