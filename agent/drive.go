@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/rollbox/rollbox/agent/trajectory"
 )
@@ -13,10 +14,24 @@ import (
 // lets the trainer step.
 //
 // The trajectory is returned whenever there is one. The error is a
-// *RecordError: the record could not be written (the episode has ended
-// record_error); every other failure is recorded as the episode's end.
-func Run(ctx context.Context, cfg Config) (*trajectory.Trajectory, error) {
-	s, err := Open(ctx, cfg)
+// *RecordError (the record could not be written: the episode has ended
+// record_error), or a failure of rollbox itself: a panic of the episode's
+// code is recovered, the episode ended sandbox_error (unscored) and the
+// panic returned. Every other failure is recorded as the episode's end.
+func Run(ctx context.Context, cfg Config) (t *trajectory.Trajectory, err error) {
+	var s *Session
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("episode %s: rollbox failed: %v", cfg.EpisodeID, p)
+			if s != nil {
+				if cerr := s.Cancel(context.WithoutCancel(ctx), trajectory.EndSandboxError, fmt.Sprintf("rollbox failed: %v", p)); cerr != nil {
+					err = errors.Join(err, cerr)
+				}
+				t = s.Trajectory()
+			}
+		}
+	}()
+	s, err = Open(ctx, cfg)
 	var oe *OpenError
 	switch {
 	case errors.As(err, &oe):

@@ -1,17 +1,24 @@
 package runtime_test
 
 import (
+	"context"
+	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/internal/fakepolicy"
 	"github.com/rollbox/rollbox/runtime"
+	"github.com/rollbox/rollbox/sandbox"
+	"github.com/rollbox/rollbox/sandbox/wasm/wasmtest"
+	"github.com/rollbox/rollbox/tools"
 )
 
 // infraRetries reads rollbox_infra_retries_total{backend="wasm"}.
@@ -85,4 +92,60 @@ func TestAStreamReportsAnEpisodeWhoseRecordCannotBeReadInsteadOfSkippingIt(t *te
 			}
 		})
 	}
+}
+
+// boom is a tool whose code has a bug: it panics.
+type boom struct{}
+
+func (boom) Schema() tools.Schema {
+	return tools.Schema{Name: "boom", Description: "panics", Parameters: json.RawMessage(`{"type": "object", "properties": {}}`)}
+}
+func (boom) Run(context.Context, *tools.Env, map[string]any) (tools.Result, error) {
+	panic("a bug in a tool")
+}
+
+// A bug that panics inside one episode fails that episode, not the whole
+// run: the others are recorded, the summary written, and the run says so.
+func TestABatchSurvivesAnEpisodeThatPanics(t *testing.T) {
+	tasks, err := agent.ReadTasks(strings.NewReader(`{"id": "bug", "prompt": "p", "tools": ["boom", "finish"], "reward": {"type": "exact", "answer": "x"}}
+{"id": "fine", "prompt": "p", "tools": ["finish"], "reward": {"type": "exact", "answer": "x"}}`), "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	be := wasmtest.Backend(t)
+	pol := policyFunc(func(_ context.Context, req agent.Request) (agent.Turn, error) {
+		if req.TaskID == "bug" && req.Turn == 0 {
+			return agent.Turn{ToolCalls: []agent.ToolCall{{ID: "c0", Name: "boom", Arguments: "{}"}}}, nil
+		}
+		return agent.Turn{ToolCalls: []agent.ToolCall{{ID: "c1", Name: "finish", Arguments: `{"answer": "x"}`}}}, nil
+	})
+	sum, err := runtime.RunBatch(context.Background(), runtime.BatchConfig{Tasks: tasks, OutDir: out, Backend: "wasm",
+		NewSandbox: func(ctx context.Context, _ string, spec sandbox.Spec) (sandbox.Sandbox, error) {
+			return be.Create(ctx, spec)
+		},
+		Policy: pol, PolicyInfo: trajectory.Policy{Kind: "test"},
+		ConfigureEpisode: func(cfg *agent.Config) error {
+			cfg.ExtraTools = map[string]tools.Tool{"boom": boom{}}
+			return nil
+		}})
+	if err == nil || !strings.Contains(err.Error(), "a bug in a tool") {
+		t.Fatalf("RunBatch: %v, want the panic as an error", err)
+	}
+	if sum == nil || sum.Episodes != 2 || sum.Ends["finished"] != 1 || sum.Ends["sandbox_error"] != 1 || sum.Scored != 1 {
+		t.Fatalf("summary %+v, want the finished episode and the failed one, unscored", sum)
+	}
+	if _, err := os.Stat(filepath.Join(out, "summary.json")); err != nil {
+		t.Error(err)
+	}
+	bug, err := trajectory.Read(filepath.Join(out, "episodes", sum.RolloutID+".bug.0.json"))
+	if err != nil || bug.Termination.Reason != trajectory.EndSandboxError || !strings.Contains(bug.Termination.Message, "a bug in a tool") {
+		t.Errorf("the failed episode's record: %+v %v", bug, err)
+	}
+}
+
+type policyFunc func(context.Context, agent.Request) (agent.Turn, error)
+
+func (f policyFunc) Next(ctx context.Context, req agent.Request) (agent.Turn, error) {
+	return f(ctx, req)
 }

@@ -476,9 +476,9 @@ func (s *Server) startJob(j *job) {
 		r.running--
 		r.mu.Unlock()
 		if err != nil {
-			// The record could not be written: the episode ends record_error
-			// in the index; it is not silently dropped.
-			s.log.Error("episode record failed", "episode", j.ep.rec.ID, "err", err)
+			// The record could not be written (record_error), or rollbox
+			// failed (sandbox_error): said in the index, not dropped.
+			s.log.Error("episode failed", "episode", j.ep.rec.ID, "err", err)
 		}
 		s.endEpisode(r, j.ep, t, err)
 	}()
