@@ -171,7 +171,81 @@ func planFor(s Spec, in Input, snap *snapshot) *plan {
 		pl.agent = append(pl.agent, sandbox.File{Path: p, Data: f.data, Mode: mode})
 		pl.taken[p] = true
 	}
+	pl.agent, pl.skipped = dropTaskShadows(pl.agent, pl.skipped, in.TaskFiles, s.HiddenTests, sel)
 	return pl
+}
+
+// modulesOf maps the top-level Python module names the files would be
+// imported as (a module outside a package, or a package whose parent is
+// none) to the files that make them.
+func modulesOf(paths []string) map[string][]string {
+	isPkg := map[string]bool{}
+	for _, p := range paths {
+		if b := path.Base(p); b == "__init__.py" || b == "__init__.pyc" {
+			isPkg[path.Dir(p)] = true
+		}
+	}
+	out := map[string][]string{}
+	for _, p := range paths {
+		dir, base := path.Dir(p), path.Base(p)
+		if base == "__init__.py" || base == "__init__.pyc" {
+			if !isPkg[path.Dir(dir)] {
+				out[path.Base(dir)] = append(out[path.Base(dir)], p)
+			}
+			continue
+		}
+		if m := moduleRe.FindStringSubmatch(base); m != nil && !isPkg[dir] {
+			out[m[1]] = append(out[m[1]], p)
+		}
+	}
+	return out
+}
+
+// dropTaskShadows leaves out the agent's new modules named like one of the
+// task's that the agent may not change (a test helper under tests/, a
+// hidden test's module) but elsewhere: depending on sys.path's order,
+// either could be the one imported.
+func dropTaskShadows(agent []sandbox.File, skipped []trajectory.Skip, task map[string][]byte, hidden map[string]string, sel selection) ([]sandbox.File, []trajectory.Skip) {
+	var fixed []string
+	for p := range task {
+		if sel.why(p) != "" {
+			fixed = append(fixed, p)
+		}
+	}
+	for p := range hidden {
+		fixed = append(fixed, p)
+	}
+	taskMods := modulesOf(fixed)
+	if len(taskMods) == 0 {
+		return agent, skipped
+	}
+	var all []string
+	for p := range task {
+		all = append(all, p)
+	}
+	for _, f := range agent {
+		all = append(all, f.Path)
+	}
+	agentOf := map[string]string{}
+	for name, files := range modulesOf(all) {
+		if _, ok := taskMods[name]; !ok {
+			continue
+		}
+		for _, p := range files {
+			if _, fromTask := task[p]; !fromTask {
+				agentOf[p] = name
+			}
+		}
+	}
+	var keep []sandbox.File
+	for _, f := range agent {
+		if name, ok := agentOf[f.Path]; ok {
+			skipped = append(skipped, trajectory.Skip{Path: f.Path, Reason: fmt.Sprintf("would be imported as %q, the name of the task's %s: not copied", name, taskMods[name][0])})
+			continue
+		}
+		keep = append(keep, f)
+	}
+	return keep, skipped
 }
 
 func under(p, dir string) bool { return strings.HasPrefix(p, dir+"/") }
