@@ -17,8 +17,12 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrPathEscape: a path leaves the sandbox's filesystem (.., a symlink, a host path).
 	ErrPathEscape = errors.New("path escapes the sandbox")
-	// ErrTooLarge: a file or input exceeds the sandbox's size caps.
+	// ErrTooLarge: a file or input exceeds a size cap of the call (a read
+	// larger than asked for, a file over MaxFileBytes).
 	ErrTooLarge = errors.New("too large")
+	// ErrNoSpace: the sandbox's disk (workdir, /tmp) is full. Not
+	// infrastructure: what fills it is the task's files or the commands'.
+	ErrNoSpace = errors.New("no space left in the sandbox")
 	// ErrEngineUnavailable: the container engine or runtime cannot be reached.
 	ErrEngineUnavailable = errors.New("sandbox engine unavailable")
 	// ErrSandboxFailed: the sandbox itself broke (died, protocol error, engine error).

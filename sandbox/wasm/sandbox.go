@@ -4,17 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"os"
+	"sort"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/rollbox/rollbox/sandbox"
-	"github.com/rollbox/rollbox/sandbox/wasm/internal/shell"
+	"github.com/rollbox/rollbox/sandbox/wasm/internal/helper"
 	"github.com/rollbox/rollbox/sandbox/wasm/internal/vfs"
 )
 
@@ -51,12 +49,6 @@ func (s *Sandbox) Info() sandbox.Info {
 // Used is the bytes the sandbox's files are charged.
 func (s *Sandbox) Used() int64 { return s.fs.Used() }
 
-var (
-	errTimeout = errors.New("exec timed out")
-	errIdle    = errors.New("exec printed nothing for its idle timeout")
-	errClosing = fmt.Errorf("sandbox closed during exec: %w", sandbox.ErrClosed)
-)
-
 // execState identifies one running exec (not zero-sized: pointers to
 // zero-sized values may compare equal).
 type execState struct{ started time.Time }
@@ -81,20 +73,8 @@ func (s *Sandbox) end(st *execState) {
 	s.wg.Done()
 }
 
-// activityWriter records the time of the last write, for idle timeouts.
-type activityWriter struct {
-	w    io.Writer
-	last *atomic.Int64
-}
-
-func (a *activityWriter) Write(p []byte) (int, error) {
-	a.last.Store(time.Now().UnixNano())
-	return a.w.Write(p)
-}
-
-// Exec runs a shell line or an argv: the shell runs in this process
-// against the episode's filesystem; python, js and .wasm programs run as
-// WASI modules.
+// Exec runs a shell line or an argv in a helper process: the shell and
+// WASI programs run there, confined, against this sandbox's filesystem.
 func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Result, error) {
 	if err := req.Validate(); err != nil {
 		return sandbox.Result{}, err
@@ -115,15 +95,13 @@ func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Re
 		return sandbox.Result{}, err
 	}
 	defer s.end(st)
-	clock := newExecClock(timeout, func() { cancel(errTimeout) })
-	defer clock.stop()
 
 	dir := req.Workdir
 	if dir == "" {
 		dir = s.spec.Workdir
 	}
 	if err := s.fs.MkdirAll(dir, 0o755); err != nil {
-		return sandbox.Result{}, &sandbox.FieldError{Field: "exec.workdir", Message: fmt.Sprintf("%q: %v", dir, err)}
+		return sandbox.Result{}, s.fileErr("exec workdir", dir, err)
 	}
 	env := map[string]string{
 		"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "USER": "user", "LOGNAME": "user",
@@ -135,121 +113,62 @@ func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Re
 	for k, v := range req.Env {
 		env[k] = v
 	}
-
-	stdout, stderr := sandbox.NewCapture(outCap), sandbox.NewCapture(outCap)
-	var last atomic.Int64
-	last.Store(time.Now().UnixNano())
-	var out, errw io.Writer = stdout, stderr
-	if req.IdleTimeout > 0 {
-		out, errw = &activityWriter{w: stdout, last: &last}, &activityWriter{w: stderr, last: &last}
-		done := make(chan struct{})
-		defer close(done)
-		go func() {
-			tick := time.NewTicker(min(req.IdleTimeout/4, 100*time.Millisecond) + time.Millisecond)
-			defer tick.Stop()
-			for {
-				select {
-				case <-done:
-					return
-				case <-ectx.Done():
-					return
-				case <-tick.C:
-					if time.Since(time.Unix(0, last.Load())) >= req.IdleTimeout {
-						cancel(errIdle)
-						return
-					}
-				}
-			}
-		}()
+	pairs := make([]string, 0, len(env))
+	for k, v := range env {
+		pairs = append(pairs, k+"="+v)
 	}
+	sort.Strings(pairs)
 
-	stdin, closeStdin, err := stdinPipe(req.Stdin)
+	p, err := s.b.acquire(ectx)
 	if err != nil {
-		return sandbox.Result{}, fmt.Errorf("%s: stdin: %v: %w", s.id, err, sandbox.ErrSandboxFailed)
+		return s.stopped(ctx, ectx, err)
 	}
-	defer closeStdin()
-
-	clock.waitStart()
-	err = acquire(ectx, s.b.shells)
-	clock.waitEnd(false) // the shell itself holds no instance slot
-	if err != nil {
-		return s.stopped(ctx, ectx, start, stdout, stderr)
+	dn, err := p.Run(ectx, helper.Exec{
+		Shell: req.Shell, Argv: req.Argv, Env: pairs, Dir: dir, Stdin: req.Stdin,
+		Timeout: timeout, IdleTimeout: req.IdleTimeout, OutputCap: outCap,
+		MemoryBytes: int64(s.spec.Limits.MemoryMB) << 20, Jobs: s.spec.Limits.PIDs,
+	}, s.fs, helper.Hooks{Program: s.b.program, Slots: s.b.slots})
+	died := errors.Is(err, helper.ErrDied)
+	s.b.release(p)
+	switch {
+	case died:
+		s.b.mu.Lock()
+		s.b.deaths++
+		s.b.mu.Unlock()
+		// One exec runs in a helper at a time: this command killed it
+		// (memory, threads, a crash it provoked). The agent's doing.
+		return sandbox.Result{}, fmt.Errorf("%s: %w: %v (%w)", s.id, errHelperDied, err, sandbox.ErrSandboxAbuse)
+	case err != nil:
+		return s.stopped(ctx, ectx, err)
+	case dn.Internal != "":
+		return sandbox.Result{}, fmt.Errorf("%s: the WASM runtime failed: %s: %w", s.id, dn.Internal, sandbox.ErrSandboxFailed)
+	case dn.Cancelled != 0:
+		return s.stopped(ctx, ectx, context.Cause(ectx))
 	}
-	defer func() { <-s.b.shells }()
-
-	progs := &execPrograms{b: s.b, sb: s, memLimit: uint64(s.spec.Limits.MemoryMB) << 20, clock: clock}
-	cfg := shell.Config{
-		FS: s.fs, Env: env, Dir: dir, Stdin: stdin, Stdout: out, Stderr: errw,
-		Limits:  shell.Limits{MemoryBytes: int64(s.spec.Limits.MemoryMB) << 20, Jobs: s.spec.Limits.PIDs},
-		Program: progs,
-	}
-	var o shell.Outcome
-	if req.Shell != "" {
-		o = shell.RunScript(ectx, cfg, req.Shell)
-	} else {
-		o = shell.RunArgv(ectx, cfg, req.Argv)
-	}
-	if ectx.Err() != nil && !o.OOM {
-		return s.stopped(ctx, ectx, start, stdout, stderr)
-	}
-	res := sandbox.Result{ExitCode: o.ExitCode, Duration: time.Since(start)}
-	progs.mu.Lock()
-	res.Trap = progs.trap
-	res.OOMKilled = o.OOM || progs.oom
-	progs.mu.Unlock()
-	if o.Reason != "" {
-		fmt.Fprintf(stderr, "rollbox: %s\n", o.Reason)
-	}
-	fill(&res, stdout, stderr)
-	return res, nil
+	return sandbox.Result{
+		ExitCode: dn.ExitCode, Stdout: dn.Stdout, Stderr: dn.Stderr,
+		StdoutDropped: dn.StdoutDropped, StderrDropped: dn.StderrDropped,
+		TimedOut: dn.TimedOut, IdleTimedOut: dn.IdleTimedOut, OOMKilled: dn.OOMKilled, Trap: dn.Trap,
+		Duration: time.Since(start),
+	}, nil
 }
 
-// stopped builds the outcome of an exec whose context ended: a timeout is a
-// Result, a cancellation or a Close is an error.
-func (s *Sandbox) stopped(ctx, ectx context.Context, start time.Time, stdout, stderr *sandbox.Capture) (sandbox.Result, error) {
+// errClosing is the cause Close gives the execs it stops.
+var errClosing = fmt.Errorf("sandbox closed during exec: %w (%w)", sandbox.ErrClosed, helper.ErrClosing)
+
+// stopped reports an exec that ended without a result: the sandbox
+// closing, the caller cancelling, or the runtime failing.
+func (s *Sandbox) stopped(ctx, ectx context.Context, err error) (sandbox.Result, error) {
 	cause := context.Cause(ectx)
-	res := sandbox.Result{ExitCode: 137, Duration: time.Since(start)}
 	switch {
-	case errors.Is(cause, errTimeout):
-		res.TimedOut = true
-	case errors.Is(cause, errIdle):
-		res.TimedOut, res.IdleTimedOut = true, true
 	case errors.Is(cause, errClosing):
 		return sandbox.Result{}, fmt.Errorf("%s: %w", s.id, errClosing)
 	case ctx.Err() != nil:
-		return sandbox.Result{}, ctx.Err()
-	default:
-		return sandbox.Result{}, fmt.Errorf("%s: %v: %w", s.id, cause, sandbox.ErrSandboxFailed)
+		return sandbox.Result{}, context.Cause(ctx)
+	case errors.Is(err, sandbox.ErrClosed) || errors.Is(err, sandbox.ErrEngineUnavailable):
+		return sandbox.Result{}, fmt.Errorf("%s: %w", s.id, err)
 	}
-	fill(&res, stdout, stderr)
-	return res, nil
-}
-
-func fill(res *sandbox.Result, stdout, stderr *sandbox.Capture) {
-	res.Stdout, res.StdoutDropped = stdout.Bytes(), stdout.Dropped()
-	res.Stderr, res.StderrDropped = stderr.Bytes(), stderr.Dropped()
-}
-
-// stdinPipe gives the shell an *os.File for data; the returned func closes
-// both ends and waits for the copier, so nothing outlives the exec.
-func stdinPipe(data []byte) (*os.File, func(), error) {
-	if len(data) == 0 {
-		return nil, func() {}, nil
-	}
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		return nil, nil, err
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		pw.Write(data) // fails with EPIPE once the reader is closed
-		pw.Close()
-	}()
-	return pr, func() {
-		pr.Close()
-		<-done
-	}, nil
+	return sandbox.Result{}, fmt.Errorf("%s: %v: %w", s.id, err, sandbox.ErrSandboxFailed)
 }
 
 // path errors from the filesystem, translated to the sandbox's kinds.
@@ -263,7 +182,7 @@ func (s *Sandbox) fileErr(op, p string, err error) error {
 	case errors.Is(err, syscall.ENOENT):
 		return fmt.Errorf("%s: %s %s: %w", s.id, op, p, sandbox.ErrNotFound)
 	case errors.Is(err, syscall.ENOSPC):
-		return fmt.Errorf("%s: %s %s: disk cap of %d MB reached: %w", s.id, op, p, s.spec.Limits.DiskMB+s.spec.Limits.TmpMB, sandbox.ErrTooLarge)
+		return fmt.Errorf("%s: %s %s: disk cap of %d MB reached: %w", s.id, op, p, s.spec.Limits.DiskMB+s.spec.Limits.TmpMB, sandbox.ErrNoSpace)
 	}
 	return fmt.Errorf("%s: %s %s: %w", s.id, op, p, err)
 }

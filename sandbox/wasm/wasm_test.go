@@ -295,7 +295,7 @@ func TestDiskCap(t *testing.T) {
 	if !strings.Contains(string(res.Stderr), "No space left") {
 		t.Errorf("stdout %q stderr %q", res.Stdout, res.Stderr)
 	}
-	if err := sb.WriteFile(context.Background(), "/work/w", make([]byte, 3<<20), 0o644); !errors.Is(err, sandbox.ErrTooLarge) {
+	if err := sb.WriteFile(context.Background(), "/work/w", make([]byte, 3<<20), 0o644); !errors.Is(err, sandbox.ErrNoSpace) {
 		t.Errorf("WriteFile over the cap: %v", err)
 	}
 }

@@ -168,6 +168,7 @@ func (sh *shell) procSubst(ctx context.Context, t *transient, ps *syntax.ProcSub
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
+		defer s.recoverInternal()
 		defer s.jobs.end()
 		defer mine.Close()
 		sub.stmts(ctx, ps.Stmts)

@@ -20,6 +20,7 @@ import (
 	"io"
 	"io/fs"
 	"math/rand/v2"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -93,6 +94,9 @@ type Limits struct {
 
 // Outcome is what a command line did.
 type Outcome struct {
+	// Internal is set when the interpreter itself failed (a bug, caught
+	// as a panic): the runtime's failure, not the command's.
+	Internal string
 	ExitCode int
 	// OOM is set when the command line was stopped for memory.
 	OOM bool
@@ -133,7 +137,27 @@ type session struct {
 	psMu      sync.Mutex
 	procSubst map[string]any
 	nextFD    int
+
+	internalMu sync.Mutex
+	internal   string
 }
+
+// recoverInternal turns a panic of the interpreter into the command line's
+// internal error (and stops it), instead of a crash of the process.
+func (s *session) recoverInternal() {
+	r := recover()
+	if r == nil {
+		return
+	}
+	s.internalMu.Lock()
+	if s.internal == "" {
+		s.internal = fmt.Sprintf("shell panic: %v\n%s", r, debug.Stack())
+	}
+	s.internalMu.Unlock()
+	s.cancel(errInternal)
+}
+
+var errInternal = errors.New("the shell failed")
 
 func (s *session) random() uint64 {
 	s.rngMu.Lock()
@@ -197,7 +221,10 @@ func runLine(ctx context.Context, cfg Config, body func(context.Context, *shell)
 		sh.fds.set(0, &fdEnt{r: newSharedReader(stdin), name: "/dev/stdin"})
 		sh.fds.set(1, &fdEnt{w: cfg.Stdout, name: "/dev/stdout"})
 		sh.fds.set(2, &fdEnt{w: cfg.Stderr, name: "/dev/stderr"})
-		code = body(ctx, sh)
+		func() {
+			defer s.recoverInternal()
+			code = body(ctx, sh)
+		}()
 		sh.vars.drop()
 	}
 	// Nothing of the command line outlives it: stop what is still
@@ -205,7 +232,7 @@ func runLine(ctx context.Context, cfg Config, body func(context.Context, *shell)
 	cancel(errCommandDone)
 	s.wg.Wait()
 	s.closeProcSubsts()
-	out := Outcome{ExitCode: code}
+	out := Outcome{ExitCode: code, Internal: s.internal}
 	switch {
 	case s.mem.oom.Load():
 		out.OOM, out.ExitCode, out.Reason = true, exitKilled, s.mem.reason()
@@ -756,6 +783,7 @@ func (sh *shell) pipeline(ctx context.Context, c *syntax.BinaryCmd) {
 		stageIn := sub.fds.get(0)
 		go func(i int) {
 			defer sh.s.wg.Done()
+			defer sh.s.recoverInternal()
 			defer wg.Done()
 			defer sh.s.jobs.end()
 			defer pw.Close()
@@ -976,6 +1004,7 @@ func (sh *shell) background(ctx context.Context, st *syntax.Stmt) {
 	j.cancel = cancel
 	go func() {
 		defer sh.s.wg.Done()
+		defer sh.s.recoverInternal()
 		defer sh.s.jobs.end()
 		defer cancel(nil)
 		sub.stmt(jctx, &fg)
