@@ -39,3 +39,19 @@ type HostState struct {
 	CPU      time.Duration
 	CPUScope string
 }
+
+// Confiner is implemented by backends that run commands in host processes
+// they confine themselves (the WASM backend's helpers): ConfinementChecks
+// starts such a process confined as it would be and reports what it tried
+// on the host and whether it was refused, for the audit.
+type Confiner interface {
+	ConfinementChecks(ctx context.Context) ([]ConfinementCheck, error)
+}
+
+// ConfinementCheck is one thing a confined process tried. OK means it was
+// refused (or, for what it must be able to do, allowed).
+type ConfinementCheck struct {
+	Name   string `json:"name"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail,omitempty"`
+}

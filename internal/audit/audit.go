@@ -105,6 +105,7 @@ func Run(ctx context.Context, backend sandbox.Backend, spec sandbox.Spec, opts O
 		return nil, fmt.Errorf("audit: probe program: %w", err)
 	}
 	host, _ := sandbox.Find[sandbox.Inspector](backend)
+	confiner, _ := sandbox.Find[sandbox.Confiner](backend)
 	if opts.HostBinaries == nil {
 		opts.HostBinaries = hostFiles(host, wasm)
 	}
@@ -119,7 +120,7 @@ func Run(ctx context.Context, backend sandbox.Backend, spec sandbox.Spec, opts O
 	if err := sb.WriteFile(ctx, sandboxProbe, probeBin, 0o755); err != nil {
 		return nil, fmt.Errorf("audit: copy the probe into the sandbox: %w", err)
 	}
-	r := &runner{sb: sb, spec: full, probe: sandboxProbe, rep: rep, opts: opts, wasm: wasm, host: host}
+	r := &runner{sb: sb, spec: full, probe: sandboxProbe, rep: rep, opts: opts, wasm: wasm, host: host, confiner: confiner}
 	for _, p := range r.plan() {
 		if len(opts.Only) > 0 && !contains(opts.Only, p.name) {
 			continue
@@ -173,16 +174,10 @@ func Names() []string {
 
 // hostFiles are the host files no sandbox may change: what the backend's
 // Inspector names (a container backend's runtime binaries, the guest
-// agent), or for the in-process WASM backend the running executable, which
-// is its runtime.
+// agent; the WASM backend's service and helper programs).
 func hostFiles(host sandbox.Inspector, wasm bool) []string {
-	switch {
-	case host != nil:
+	if host != nil {
 		return host.HostFiles()
-	case wasm:
-		if exe, err := os.Executable(); err == nil {
-			return []string{exe}
-		}
 	}
 	return nil
 }
@@ -218,6 +213,10 @@ type runner struct {
 	opts  Options
 	wasm  bool
 	host  sandbox.Inspector
+	// confiner's checks, once asked.
+	confiner  sandbox.Confiner
+	checks    []sandbox.ConfinementCheck
+	checksErr error
 
 	exeEvidence string // the in-sandbox half of proc-self-exe
 	exePass     bool
@@ -235,24 +234,27 @@ func (r *runner) plan() []planned {
 		{"network-gateway", r.gateway},
 		{"network-metadata", r.linuxOnly("net-metadata", "a WASI module has no sockets: the network-egress probe covers the metadata address")},
 		{"network-dns", r.linuxOnly("net-dns", "a WASI module has no sockets: the network-egress probe's lookup covers DNS")},
-		{"capabilities", r.linuxOnly("caps", wasmNoKernel)},
-		{"seccomp", r.linuxOnly("seccomp", wasmNoKernel)},
-		{"no-new-privileges", r.linuxOnly("no-new-privs", wasmNoKernel)},
+		{"capabilities", r.kernelOrConfined("caps", "no capabilities", "become root (setuid 0)")},
+		{"seccomp", r.kernelOrConfined("seccomp", "seccomp filter", "open a network socket", "open a unix socket", "start a host program")},
+		{"no-new-privileges", r.kernelOrConfined("no-new-privs", "no_new_privs")},
 		{"mounts", r.mounts},
 		{"proc-sys-writes", r.linuxOnly("proc-sys", "there is no /proc or /sys in the episode's filesystem (the mounts probe lists what is)")},
-		{"escape-syscalls", r.linuxOnly("syscalls", wasmNoKernel)},
+		{"escape-syscalls", r.kernelOrConfined("syscalls", "trace the parent process", "change root", "mount", "signal the parent process", "signal init")},
+		{"host-filesystem", r.hostFS},
+		{"tmpdir-host-write", r.tmpdirWrite},
+		{"fifo-threads", r.fifoThreads},
+		{"host-path-oracle", r.pathOracle},
 		{"guest-isolation", r.guest},
 		{"copy-out-symlink", r.copyOut},
 		{"fork-bomb", r.forkBomb},
 		{"memory-balloon", r.balloon},
+		{"memory-bypass", r.memoryBypass},
 		{"disk-fill", r.diskFill},
 		{"cpu-quota", r.cpu},
 		{"output-flood", r.flood},
 		{"proc-self-exe", r.exe},
 	}
 }
-
-const wasmNoKernel = "no kernel interface to probe: a WASI preview 1 module calls only WASI functions (the episode's in-memory files, clocks, random, stdio), and the shell runs in the host process on an interpreter confined to that filesystem (see SECURITY.md)"
 
 func (r *runner) add(p Probe) {
 	p.Pass = p.Status == StatusPass

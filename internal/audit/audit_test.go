@@ -113,7 +113,9 @@ func TestTheDefaultSpecPassesEveryProbe(t *testing.T) {
 				t.Errorf("%d probes ran, want %d", len(rep.Probes), len(audit.Names()))
 			}
 			for _, p := range rep.Probes {
-				if p.Status != audit.StatusPass {
+				// A container has its own root: the helpers' host
+				// filesystem checks are the WASM backend's.
+				if p.Status != audit.StatusPass && !(p.Name == "host-filesystem" && p.Status == audit.StatusNA) {
 					t.Errorf("%s: %s: %s", p.Name, p.Status, p.Evidence)
 				}
 			}
@@ -181,7 +183,11 @@ func TestTheWASMBackendPassesOrExplainsEveryProbe(t *testing.T) {
 			t.Errorf("%s is n/a without a reason", p.Name)
 		}
 	}
-	for _, must := range []string{"network-egress", "mounts", "memory-balloon", "disk-fill", "output-flood", "copy-out-symlink", "fork-bomb"} {
+	for _, must := range []string{"network-egress", "mounts", "memory-balloon", "disk-fill", "output-flood", "copy-out-symlink", "fork-bomb",
+		// The helpers' confinement and the attacks that reached the host
+		// through the former in-process interpreter.
+		"capabilities", "seccomp", "no-new-privileges", "escape-syscalls", "host-filesystem",
+		"tmpdir-host-write", "fifo-threads", "memory-bypass", "host-path-oracle", "cpu-quota"} {
 		if p := probe(rep, must); p.Status != audit.StatusPass {
 			t.Errorf("%s: %s, want pass on wasm: %s", must, p.Status, p.Evidence)
 		}

@@ -120,7 +120,7 @@ func (r *runner) mounts(ctx context.Context) Probe {
 // it, and that replies it forges are not believed.
 func (r *runner) guest(ctx context.Context) Probe {
 	if r.wasm {
-		return Probe{Status: StatusNA, Evidence: "no guest agent: commands run in this process's interpreter or as WASI modules, which have no processes, signals or /proc to reach the host's runtime through"}
+		return Probe{Status: StatusNA, Evidence: "no guest agent: commands run in confined helper processes (the host-filesystem, seccomp and escape-syscalls probes check them) as a shell or WASI modules, which have no processes, signals or /proc of the host to reach"}
 	}
 	f, res, err := r.run(ctx, 30*time.Second, "guest", "-forge")
 	var ev []string

@@ -6,7 +6,6 @@ import (
 	"os"
 	"runtime"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/rollbox/rollbox/sandbox"
@@ -168,21 +167,15 @@ func (r *runner) cpu(ctx context.Context) Probe {
 	var hostErr error
 	what := ""
 	measure := func() time.Duration {
-		switch {
-		case r.host != nil:
-			st, err := r.host.Inspect(ctx, r.rep.Sandbox.ID)
-			if err != nil {
-				hostErr = err
-			}
-			what = st.CPUScope
-			return st.CPU
-		case r.wasm:
-			var ru syscall.Rusage
-			syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-			what = "this process (the WASM runtime runs in it)"
-			return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		if r.host == nil {
+			return 0
 		}
-		return 0
+		st, err := r.host.Inspect(ctx, r.rep.Sandbox.ID)
+		if err != nil {
+			hostErr = err
+		}
+		what = st.CPUScope
+		return st.CPU
 	}
 	before = measure()
 	start := time.Now()
@@ -196,7 +189,7 @@ func (r *runner) cpu(ctx context.Context) Probe {
 	ev = append(ev, "inside: "+f.Evidence)
 	pass := f.Pass
 	data := map[string]any{"inside": f.Data}
-	if (r.host != nil || r.wasm) && hostErr == nil {
+	if r.host != nil && hostErr == nil {
 		used := after - before
 		ratio := used.Seconds() / wall.Seconds()
 		ev = append(ev, fmt.Sprintf("host: %s used %.2fs CPU over %.2fs wall = %.2f CPUs (quota %.2f, allowed up to %.2f)",
@@ -214,7 +207,7 @@ func (r *runner) cpu(ctx context.Context) Probe {
 		ev = append(ev, "host load average "+strings.Join(strings.Fields(string(load))[:3], " ")+" (a loaded host spins less, so a pass proves less)")
 	}
 	if r.wasm {
-		ev = append(ev, "a module is one thread and at most Options.MaxInstances run at once in the process; the shell is bounded by the exec timeout, not a CPU share")
+		ev = append(ev, "a helper runs one command line with GOMAXPROCS set to the spec's CPUs (rounded up); a WASI module is one thread")
 	}
 	return Probe{Status: status(pass), Evidence: strings.Join(ev, "; "), Data: data}
 }

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -22,6 +23,9 @@ type Sandbox struct {
 	id   string
 	spec sandbox.Spec
 	fs   *vfs.FS
+
+	// cpu is the helpers' CPU time spent on this sandbox's commands.
+	cpu atomic.Int64
 
 	mu      sync.Mutex
 	closed  bool
@@ -123,11 +127,16 @@ func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Re
 	if err != nil {
 		return s.stopped(ctx, ectx, err)
 	}
+	cpu0 := p.CPUTime()
 	dn, err := p.Run(ectx, helper.Exec{
 		Shell: req.Shell, Argv: req.Argv, Env: pairs, Dir: dir, Stdin: req.Stdin,
 		Timeout: timeout, IdleTimeout: req.IdleTimeout, OutputCap: outCap,
 		MemoryBytes: int64(s.spec.Limits.MemoryMB) << 20, Jobs: s.spec.Limits.PIDs,
+		Threads: threadsFor(s.spec.Limits.CPUs),
 	}, s.fs, helper.Hooks{Program: s.b.program, Slots: s.b.slots})
+	if d := p.CPUTime() - cpu0; d > 0 {
+		s.cpu.Add(int64(d))
+	}
 	died := errors.Is(err, helper.ErrDied)
 	s.b.release(p)
 	switch {

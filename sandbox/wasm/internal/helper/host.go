@@ -2,12 +2,14 @@ package helper
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -253,9 +255,6 @@ func (p *Process) kill() {
 			c.Close()
 		}
 	}
-	if p.cg != nil {
-		p.cg.remove()
-	}
 }
 
 // serve reads the helper's frames until it dies: requests are answered
@@ -312,6 +311,9 @@ func (p *Process) serve() {
 	}
 	if errors.Is(err, errProto) {
 		cause = err.Error() + " (" + cause + ")"
+	}
+	if p.cg != nil {
+		p.cg.remove() // after reading why it died
 	}
 	p.mu.Lock()
 	if byHost && p.death == nil {
@@ -780,4 +782,40 @@ func (p *Process) fsRequest(r *run, d *decoder, op byte, reply func(error, func(
 		return reply(fsys.WriteFile(p0, data, perm.Perm()), nil)
 	}
 	return fmt.Errorf("%w: op %d", errProto, op)
+}
+
+// CPUTime is the CPU time the helper process has used (user + system),
+// from /proc.
+func (p *Process) CPUTime() time.Duration {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 {
+		s = s[i+1:]
+	}
+	f := strings.Fields(s)
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / clockTicks
+}
+
+// clockTicks is USER_HZ, which Linux fixes at 100 for /proc.
+const clockTicks = 100
+
+// SelfTest runs "selftest" of the helper program with ro readable and
+// returns its report.
+func SelfTest(ctx context.Context, command []string, ro string) (SelfTestReport, error) {
+	cmd := exec.CommandContext(ctx, command[0], append(command[1:], "selftest", ro)...)
+	cmd.Env = []string{"GOTRACEBACK=single"}
+	out, err := cmd.Output()
+	var rep SelfTestReport
+	if jerr := json.Unmarshal(out, &rep); jerr != nil {
+		return rep, fmt.Errorf("selftest: %v (%v)", jerr, err)
+	}
+	return rep, nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/tetratelabs/wazero/experimental/sysfs"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 	"github.com/tetratelabs/wazero/sys"
+	"golang.org/x/sys/unix"
 
 	"github.com/rollbox/rollbox/sandbox/wasm/internal/shell"
 	"github.com/rollbox/rollbox/sandbox/wasm/internal/vfs"
@@ -362,6 +363,10 @@ func sleepCtx(ctx context.Context, ns int64) {
 
 // capAllocator gives each linear memory a hard cap: a memory.grow past it
 // fails (the module sees -1) and the exec is reported as out of memory.
+// The memory is one reservation of the cap's address space (no pages
+// until touched) made readable and writable as it grows: growing never
+// copies, so an instance holds at most its cap, not the old buffer beside
+// the new.
 type capAllocator struct {
 	limit uint64
 	oom   *atomic.Bool
@@ -372,29 +377,51 @@ func (a *capAllocator) Allocate(capacity, maximum uint64) experimental.LinearMem
 }
 
 type linearMemory struct {
-	buf   []byte
+	res   []byte // the reservation
+	size  uint64 // committed
 	limit uint64
 	oom   *atomic.Bool
 }
 
+const pageSize = 64 << 10
+
 func (m *linearMemory) Reallocate(size uint64) []byte {
 	if size > m.limit {
 		m.oom.Store(true)
-		if m.buf != nil {
+		if m.res != nil {
 			return nil
 		}
 		// The module's declared minimum is above the cap: wazero needs a
 		// buffer to instantiate, the exec is reported as OOM.
+		return make([]byte, size)
 	}
-	if size <= uint64(cap(m.buf)) {
-		m.buf = m.buf[:size]
-		return m.buf
+	if m.res == nil {
+		n := (m.limit + pageSize - 1) / pageSize * pageSize
+		if n == 0 {
+			n = pageSize
+		}
+		res, err := unix.Mmap(-1, 0, int(n), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANON|unix.MAP_NORESERVE)
+		if err != nil {
+			m.oom.Store(true)
+			return nil
+		}
+		m.res = res
 	}
-	c := max(size, min(2*uint64(cap(m.buf)), m.limit))
-	nb := make([]byte, size, c)
-	copy(nb, m.buf)
-	m.buf = nb
-	return nb
+	if size > m.size {
+		lo := m.size / pageSize * pageSize
+		hi := (size + pageSize - 1) / pageSize * pageSize
+		if err := unix.Mprotect(m.res[lo:hi], unix.PROT_READ|unix.PROT_WRITE); err != nil {
+			m.oom.Store(true)
+			return nil
+		}
+		m.size = size
+	}
+	return m.res[:size:size]
 }
 
-func (m *linearMemory) Free() { m.buf = nil }
+func (m *linearMemory) Free() {
+	if m.res != nil {
+		unix.Munmap(m.res)
+		m.res = nil
+	}
+}

@@ -36,7 +36,7 @@ const (
 	maxEnv     = 4096
 	maxIO      = 1 << 20 // one read or write request
 	maxEntries = 1 << 20
-	maxHandles = 4096
+	maxHandles = 1 << 16 // gpython closes files when its GC runs, not at once
 )
 
 // Init configures a helper once it is in its cgroup.
@@ -120,6 +120,9 @@ type Exec struct {
 	// cgroup's, so the collector works harder instead of the kernel
 	// killing the helper for garbage).
 	HeapLimit int64
+	// Threads is how many OS threads may run the exec's Go code at once
+	// (GOMAXPROCS): the spec's CPUs, rounded up.
+	Threads int
 }
 
 func (m Exec) encode() []byte {
@@ -136,6 +139,7 @@ func (m Exec) encode() []byte {
 	e.int(m.MemoryBytes)
 	e.uint(uint64(m.Jobs))
 	e.int(m.HeapLimit)
+	e.uint(uint64(m.Threads))
 	return e.b
 }
 
@@ -143,7 +147,7 @@ func decodeExec(b []byte) (Exec, error) {
 	d := decoder{b: b}
 	m := Exec{ID: d.uint(), Shell: d.str(maxArg), Argv: d.strs(maxArgs, maxArg), Env: d.strs(maxEnv, maxArg),
 		Dir: d.str(maxPath), Stdin: d.bytes(MaxFrame), Timeout: time.Duration(d.int()), IdleTimeout: time.Duration(d.int()),
-		OutputCap: d.intn(1 << 30), MemoryBytes: d.int(), Jobs: d.intn(1 << 20), HeapLimit: d.int()}
+		OutputCap: d.intn(1 << 30), MemoryBytes: d.int(), Jobs: d.intn(1 << 20), HeapLimit: d.int(), Threads: d.intn(1024)}
 	return m, d.done()
 }
 

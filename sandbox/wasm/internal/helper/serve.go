@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -171,6 +173,11 @@ func (h *helperState) start(ex Exec) {
 		delete(h.execs, ex.ID)
 		h.mu.Unlock()
 		cancel(nil)
+		// A big exec's garbage would count against the next exec's
+		// cgroup limit: give it back first.
+		if held() > 128<<20 {
+			debug.FreeOSMemory()
+		}
 		h.c.send(mDone, dn.encode())
 	}()
 }
@@ -181,6 +188,9 @@ func (h *helperState) run(ctx context.Context, cancel context.CancelCauseFunc, e
 	dn.ID = ex.ID
 	if ex.HeapLimit > 0 {
 		debug.SetMemoryLimit(ex.HeapLimit)
+	}
+	if ex.Threads > 0 {
+		runtime.GOMAXPROCS(ex.Threads)
 	}
 	defer func() {
 		if r := recover(); r != nil {
@@ -307,4 +317,12 @@ func compileMain(args []string) int {
 		}
 	}
 	return 0
+}
+
+// held is the memory the Go runtime holds from the OS (mapped, not
+// released).
+func held() uint64 {
+	ms := []metrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/released:bytes"}}
+	metrics.Read(ms)
+	return ms[0].Value.Uint64() - ms[1].Value.Uint64()
 }
