@@ -257,6 +257,11 @@ func BenchmarkDensity(b *testing.B) {
 		b.ReportMetric(native, "native-sh-execs/s")
 		idle := settle()
 		b.ReportMetric(float64(idle-before)/float64(n), "rss-KB/episode-after-execs")
+		// The helpers are a fixed cost, not an episode's: at most
+		// MaxShells of them, whatever the number of episodes.
+		helpers, kb := testBackend.helperRSS()
+		b.ReportMetric(float64(helpers), "helpers")
+		b.ReportMetric(float64(kb)/1024, "helpers-rss-MB")
 		for _, sb := range sbs {
 			sb.Close()
 		}

@@ -127,15 +127,14 @@ func (s *Sandbox) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Re
 	if err != nil {
 		return s.stopped(ctx, ectx, err)
 	}
-	cpu0 := p.CPUTime()
 	dn, err := p.Run(ectx, helper.Exec{
 		Shell: req.Shell, Argv: req.Argv, Env: pairs, Dir: dir, Stdin: req.Stdin,
 		Timeout: timeout, IdleTimeout: req.IdleTimeout, OutputCap: outCap,
 		MemoryBytes: int64(s.spec.Limits.MemoryMB) << 20, Jobs: s.spec.Limits.PIDs,
 		Threads: threadsFor(s.spec.Limits.CPUs),
 	}, s.fs, helper.Hooks{Program: s.b.program, Slots: s.b.slots})
-	if d := p.CPUTime() - cpu0; d > 0 {
-		s.cpu.Add(int64(d))
+	if dn.CPU > 0 {
+		s.cpu.Add(int64(dn.CPU))
 	}
 	died := errors.Is(err, helper.ErrDied)
 	s.b.release(p)

@@ -137,10 +137,12 @@ func (r remoteFS) OpenFile(p string, flag int, perm fs.FileMode) (vfs.File, erro
 	h := d.uint()
 	info := decodeInfo(d)
 	app := d.bool()
+	pre := d.bytes(prefetch)
+	eof := d.bool()
 	if err := d.done(); err != nil {
 		return nil, err
 	}
-	return &remoteFile{fs: r, h: h, info: info, append: app}, nil
+	return &remoteFile{fs: r, h: h, info: info, append: app, pre: append([]byte(nil), pre...), preEOF: eof}, nil
 }
 
 func (r remoteFS) ReadDir(p string) ([]fs.DirEntry, error) {
@@ -238,6 +240,37 @@ type remoteFile struct {
 	mu     sync.Mutex
 	append bool
 	closed bool
+	// pre is what the open brought of the file, not yet read; preEOF says
+	// it reached the end (the host's offset is past pre).
+	pre    []byte
+	preEOF bool
+}
+
+// takePre serves a Read from the prefetched bytes; ok is false when it
+// must go to the host.
+func (f *remoteFile) takePre(p []byte) (n int, eof, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.pre) > 0 {
+		n = copy(p, f.pre)
+		f.pre = f.pre[n:]
+		return n, false, true
+	}
+	if f.preEOF {
+		f.preEOF = false // once: a later read asks the host again
+		return 0, true, true
+	}
+	return 0, false, false
+}
+
+// dropPre forgets the prefetched bytes (the offset moves): it returns how
+// many there were, which the host's offset is ahead of this file's.
+func (f *remoteFile) dropPre() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := len(f.pre)
+	f.pre, f.preEOF = nil, false
+	return n
 }
 
 var _ vfs.File = (*remoteFile)(nil)
@@ -287,6 +320,12 @@ func (f *remoteFile) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
+	if n, eof, ok := f.takePre(p); ok {
+		if eof {
+			return 0, io.EOF
+		}
+		return n, nil
+	}
 	return f.readOp(opRead, p, 0)
 }
 
@@ -327,11 +366,21 @@ func (f *remoteFile) writeOp(op byte, p []byte, off int64) (int, error) {
 	return total, nil
 }
 
-func (f *remoteFile) Write(p []byte) (int, error) { return f.writeOp(opWrite, p, 0) }
+func (f *remoteFile) Write(p []byte) (int, error) {
+	if n := f.dropPre(); n > 0 {
+		if _, err := f.Seek(-int64(n), io.SeekCurrent); err != nil {
+			return 0, err
+		}
+	}
+	return f.writeOp(opWrite, p, 0)
+}
 
 func (f *remoteFile) WriteAt(p []byte, off int64) (int, error) { return f.writeOp(opPwrite, p, off) }
 
 func (f *remoteFile) Seek(offset int64, whence int) (int64, error) {
+	if n := f.dropPre(); n > 0 && whence == io.SeekCurrent {
+		offset -= int64(n) // the host is ahead by what was prefetched
+	}
 	d, err := f.handleOp(opSeek, func(e *encoder) {
 		e.int(offset)
 		e.uint(uint64(whence))
@@ -379,11 +428,9 @@ func (f *remoteFile) Close() error {
 	}
 	f.closed = true
 	f.mu.Unlock()
-	d, err := f.handleOp(opClose, nil)
-	if err != nil {
-		return err
-	}
-	return d.done()
+	// Closing an episode file cannot fail: no round trip for it.
+	f.fs.cl.notify(f.fs.exec, opClose, func(e *encoder) { e.uint(f.h) })
+	return nil
 }
 
 func (f *remoteFile) Append() bool {

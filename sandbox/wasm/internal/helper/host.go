@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -411,6 +410,9 @@ func (p *Process) Run(ctx context.Context, ex Exec, fsys vfs.FileSystem, hooks H
 	}
 }
 
+// prefetch is how much of a file opened for reading comes with the open.
+const prefetch = 64 << 10
+
 // ErrClosing is the cancel cause a sandbox's Close gives its execs.
 var ErrClosing = errors.New("sandbox closing")
 
@@ -705,10 +707,23 @@ func (p *Process) fsRequest(r *run, d *decoder, op byte, reply func(error, func(
 		h := r.nextH
 		r.handles[h] = f
 		r.mu.Unlock()
+		// A file opened to be read comes with its first bytes (all of a
+		// small one, with EOF): cat, grep and friends need no further round
+		// trip.
+		var pre []byte
+		eof := false
+		if flag&(syscall.O_WRONLY|syscall.O_RDWR) == 0 && fi.Mode().IsRegular() {
+			pre = make([]byte, min(fi.Size()+1, prefetch))
+			n, err := io.ReadFull(f, pre)
+			pre = pre[:n]
+			eof = err == io.EOF || err == io.ErrUnexpectedEOF
+		}
 		return reply(nil, func(e *encoder) {
 			e.uint(h)
 			encodeInfo(e, fi)
 			e.bool(f.Append())
+			e.bytes(pre)
+			e.bool(eof)
 		})
 	case opReadDir:
 		if err := d.done(); err != nil {
@@ -783,29 +798,6 @@ func (p *Process) fsRequest(r *run, d *decoder, op byte, reply func(error, func(
 	}
 	return fmt.Errorf("%w: op %d", errProto, op)
 }
-
-// CPUTime is the CPU time the helper process has used (user + system),
-// from /proc.
-func (p *Process) CPUTime() time.Duration {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/stat")
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 {
-		s = s[i+1:]
-	}
-	f := strings.Fields(s)
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * time.Second / clockTicks
-}
-
-// clockTicks is USER_HZ, which Linux fixes at 100 for /proc.
-const clockTicks = 100
 
 // SelfTest runs "selftest" of the helper program with ro readable and
 // returns its report.

@@ -193,6 +193,8 @@ type Done struct {
 	// Internal is set when the helper itself failed (not the command):
 	// an infrastructure error.
 	Internal string
+	// CPU is the helper's CPU time during the exec.
+	CPU time.Duration
 }
 
 func (m Done) encode() []byte {
@@ -209,6 +211,7 @@ func (m Done) encode() []byte {
 	e.int(m.StderrDropped)
 	e.uint(uint64(m.Cancelled))
 	e.str(m.Internal)
+	e.int(int64(m.CPU))
 	return e.b
 }
 
@@ -216,7 +219,7 @@ func decodeDone(b []byte) (Done, error) {
 	d := decoder{b: b}
 	m := Done{ID: d.uint(), ExitCode: int(d.int()), OOMKilled: d.bool(), Trap: d.str(64 << 10), TimedOut: d.bool(),
 		IdleTimedOut: d.bool(), Stdout: d.bytes(MaxFrame / 2), Stderr: d.bytes(MaxFrame / 2), StdoutDropped: d.int(),
-		StderrDropped: d.int(), Cancelled: byte(d.intn(255)), Internal: d.str(64 << 10)}
+		StderrDropped: d.int(), Cancelled: byte(d.intn(255)), Internal: d.str(64 << 10), CPU: time.Duration(d.int())}
 	return m, d.done()
 }
 

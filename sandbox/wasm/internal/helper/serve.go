@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/rollbox/rollbox/sandbox"
@@ -189,9 +190,11 @@ func (h *helperState) run(ctx context.Context, cancel context.CancelCauseFunc, e
 	if ex.HeapLimit > 0 {
 		debug.SetMemoryLimit(ex.HeapLimit)
 	}
-	if ex.Threads > 0 {
-		runtime.GOMAXPROCS(ex.Threads)
+	if ex.Threads > 0 && runtime.GOMAXPROCS(0) != ex.Threads {
+		runtime.GOMAXPROCS(ex.Threads) // stops the world: only when it changes
 	}
+	cpu0 := cpuTime()
+	defer func() { dn.CPU = cpuTime() - cpu0 }()
 	defer func() {
 		if r := recover(); r != nil {
 			dn = Done{ID: ex.ID, Internal: fmt.Sprintf("panic: %v\n%s", r, debug.Stack())}
@@ -325,4 +328,11 @@ func held() uint64 {
 	ms := []metrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/released:bytes"}}
 	metrics.Read(ms)
 	return ms[0].Value.Uint64() - ms[1].Value.Uint64()
+}
+
+// cpuTime is this process's CPU time (user + system).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

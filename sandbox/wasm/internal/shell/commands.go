@@ -525,15 +525,8 @@ func (c *cmd) open(name string) (io.ReadCloser, error) {
 			return io.NopCloser(e.r), nil
 		}
 	}
-	f, err := c.fs().OpenFile(c.abs(name), os.O_RDONLY, 0)
-	if err != nil {
-		return nil, err
-	}
-	if fi, err := f.Stat(); err == nil && fi.IsDir() {
-		f.Close()
-		return nil, &fs.PathError{Op: "read", Path: name, Err: syscall.EISDIR}
-	}
-	return f, nil
+	// A directory opens, and its first read fails with EISDIR.
+	return c.fs().OpenFile(c.abs(name), os.O_RDONLY, 0)
 }
 
 // readFile reads a file operand whole, charged.
@@ -561,6 +554,11 @@ func (c *cmd) inputs(names []string, each func(name string, r io.Reader) error) 
 		}
 		err = each(n, f)
 		f.Close()
+		if errors.Is(err, syscall.EISDIR) {
+			c.errf("%s: Is a directory", n)
+			code = 1
+			continue
+		}
 		if err != nil {
 			return c.ioErr(err)
 		}
