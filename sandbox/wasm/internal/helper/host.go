@@ -143,7 +143,6 @@ func Start(ctx context.Context, opts StartOptions) (*Process, error) {
 	}
 	mine := os.NewFile(uintptr(fds[0]), "helper")
 	theirs := os.NewFile(uintptr(fds[1]), "helper-end")
-	defer theirs.Close()
 	p := &Process{opts: opts, stderr: &tail{}, dead: make(chan struct{})}
 	cmd := exec.Command(opts.Command[0], opts.Command[1:]...)
 	cmd.ExtraFiles = []*os.File{theirs} // fd 3
@@ -151,7 +150,11 @@ func Start(ctx context.Context, opts StartOptions) (*Process, error) {
 	cmd.Dir = "/"
 	cmd.Stderr = p.stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	// The child has its end now: without ours closed, its exit would not
+	// be seen as EOF.
+	theirs.Close()
+	if err != nil {
 		mine.Close()
 		return nil, fmt.Errorf("%w: start %s: %v", ErrUnavailable, opts.Command[0], err)
 	}
