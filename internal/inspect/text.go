@@ -7,12 +7,16 @@ package inspect
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
 	"slices"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/sandbox"
@@ -42,20 +46,31 @@ const (
 type printer struct {
 	w    io.Writer
 	opts Options
+	// esc stands for ESC in the view's own colour codes until the output
+	// filter (escaper) turns it back into ESC: a fresh random token per
+	// Render, which no recorded text can contain.
+	esc string
 }
 
 func (p printer) c(code, s string) string {
 	if !p.opts.Color || s == "" {
 		return s
 	}
-	return code + s + reset
+	return strings.ReplaceAll(code, "\x1b", p.esc) + s + strings.ReplaceAll(reset, "\x1b", p.esc)
 }
 
 func (p printer) f(format string, args ...any) { fmt.Fprintf(p.w, format, args...) }
 
-// Render writes t as a terminal view.
+// Render writes t as a terminal view. Everything the episode recorded
+// (outputs, the model's text, arguments, messages, ids) is untrusted: its
+// control characters are shown escaped (\x1b, \r, \u202e, ...), so no escape
+// sequence, C1 control or bidirectional override it carries reaches the
+// terminal; the view's own colours are the only escapes written.
 func Render(w io.Writer, t *trajectory.Trajectory, opts Options) {
-	p := printer{w, opts}
+	var nonce [16]byte
+	rand.Read(nonce[:])
+	p := printer{w: &escaper{w: w, esc: "\ue000" + hex.EncodeToString(nonce[:]) + "\ue001"}, opts: opts}
+	p.esc = p.w.(*escaper).esc
 	p.f("%s %s\n", p.c(bold, "episode"), p.c(bold, t.EpisodeID))
 	p.f("  task      %s · group %s #%d · seed %d\n", t.TaskID, t.GroupID, t.GroupIndex, t.Seed)
 	p.f("  sandbox   %s\n", sandboxLine(t.Sandbox))
@@ -397,4 +412,57 @@ func oneLine(s string, n int) string {
 		return string(r[:n]) + "…"
 	}
 	return s
+}
+
+// escaper is the view's output filter: it writes the printer's text with
+// every control character escaped — C0 and C1 controls (ESC, BEL, CR, the
+// 8-bit CSI), DEL, invalid UTF-8 bytes, Unicode format characters
+// (bidirectional overrides and isolates, zero-width marks) and the line and
+// paragraph separators — except newlines and tabs, and turns the printer's
+// own colour token back into ESC. Each Write is a whole formatted line, so
+// a token is never split.
+type escaper struct {
+	w   io.Writer
+	esc string
+	buf []byte
+}
+
+func (e *escaper) Write(p []byte) (int, error) {
+	e.buf = appendEscaped(e.buf[:0], string(p), e.esc)
+	if _, err := e.w.Write(e.buf); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// appendEscaped appends s to b with its control characters escaped, and
+// each occurrence of esc (the printer's token) as ESC.
+func appendEscaped(b []byte, s, esc string) []byte {
+	for i := 0; i < len(s); {
+		if esc != "" && strings.HasPrefix(s[i:], esc) {
+			b = append(b, 0x1b)
+			i += len(esc)
+			continue
+		}
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n <= 1:
+			b = append(b, `\x`...)
+			b = append(b, hex.EncodeToString([]byte{s[i]})...)
+		case r == '\n' || r == '\t':
+			b = append(b, byte(r))
+		case r == '\r':
+			b = append(b, `\r`...)
+		case unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == '\u2028' || r == '\u2029':
+			if r < utf8.RuneSelf {
+				b = fmt.Appendf(b, `\x%02x`, r) // \x1b, \x07, \x7f
+			} else {
+				b = fmt.Appendf(b, `\u%04x`, r) // \u009b, \u202e, \u2028
+			}
+		default:
+			b = append(b, s[i:i+n]...)
+		}
+		i += n
+	}
+	return b
 }
