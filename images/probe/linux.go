@@ -50,6 +50,11 @@ func probes() []probe {
 		{"plant", plant},
 		{"swap", swap},
 		{"mem", mem},
+		{"outlive", outlive},
+		{"linger", linger},
+		{"chain", chain},
+		{"procs", procs},
+		{"break-guest", breakGuest},
 	}
 }
 
@@ -1048,4 +1053,116 @@ func mem(opts) finding {
 	}
 	used := float64(total-avail) / 1024
 	return finding{Pass: total >= 0 && avail >= 0, Evidence: fmt.Sprintf("%.0f MB used", used), Data: map[string]any{"used_mb": used}}
+}
+
+// outlive leaves processes behind the way a command that wants to outlive
+// itself would, and exits at once: a daemon (a double fork into a session
+// of its own, parent 1), fork chains that change session at every link
+// (each link forks the next and exits), and pausing children in its own
+// group. The host then runs procs: nothing may be left.
+func outlive(opts) finding {
+	var n notes
+	self, err := os.Executable()
+	if err != nil {
+		self = os.Args[0]
+	}
+	start := func(args ...string) error {
+		_, err := syscall.ForkExec(self, append([]string{self}, args...), &syscall.ProcAttr{Sys: &syscall.SysProcAttr{Setsid: true}})
+		return err
+	}
+	if err := start("linger"); err != nil {
+		n.add("daemon: %v", err)
+	} else {
+		n.add("started a double-forked daemon in a new session")
+	}
+	chains := 0
+	for range 4 {
+		if start("chain") == nil {
+			chains++
+		}
+	}
+	n.add("started %d fork chains that fork a new session at every link", chains)
+	prog := "/tmp/.rollbox-probe-outlive-pause"
+	paused := 0
+	if err := os.WriteFile(prog, pauseELF(), 0o755); err == nil {
+		for range 8 {
+			if _, err := syscall.ForkExec(prog, []string{"pause"}, &syscall.ProcAttr{}); err == nil {
+				paused++
+			}
+		}
+	}
+	n.add("started %d pausing children", paused)
+	return finding{Pass: true, Evidence: n.String(), Data: map[string]any{"chains": chains, "paused": paused}}
+}
+
+// linger is outlive's daemon: it forks a sleeper (which it does not wait
+// for) and exits, so the sleeper's parent becomes PID 1.
+func linger(opts) finding {
+	self, _ := os.Executable()
+	syscall.ForkExec(self, []string{self, "chain", "-for", "0s"}, &syscall.ProcAttr{Sys: &syscall.SysProcAttr{Setsid: true}})
+	return finding{Pass: true, Evidence: "forked a sleeper and exited"}
+}
+
+// chain forks the next link in a new session and exits; with -for 0s it
+// sleeps instead (linger's sleeper).
+func chain(o opts) finding {
+	self, _ := os.Executable()
+	if o.spinFor == 0 {
+		time.Sleep(time.Hour)
+		return finding{}
+	}
+	syscall.ForkExec(self, []string{self, "chain"}, &syscall.ProcAttr{Sys: &syscall.SysProcAttr{Setsid: true}})
+	os.Exit(0)
+	return finding{}
+}
+
+// procs lists every process but PID 1 and itself: after outlive's command
+// ended, there must be none.
+func procs(opts) finding {
+	d, err := os.ReadDir("/proc")
+	if err != nil {
+		return finding{Evidence: "reading /proc: " + err.Error()}
+	}
+	self := os.Getpid()
+	var left []string
+	for _, e := range d {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == 1 || pid == self {
+			continue
+		}
+		st, _ := os.ReadFile("/proc/" + e.Name() + "/stat")
+		left = append(left, strings.TrimSpace(string(st)))
+	}
+	if len(left) == 0 {
+		return finding{Pass: true, Evidence: "no process but PID 1 and this one", Data: map[string]any{"left": 0}}
+	}
+	return finding{Evidence: fmt.Sprintf("%d processes outlived their command: %s", len(left), strings.Join(left, " | ")), Data: map[string]any{"left": len(left)}}
+}
+
+// breakGuest tries to break the sandbox's guest agent the way a command
+// can under some runtimes (gVisor lets a command signal PID 1 and write to
+// its stream), then waits a second for the guest's fate to show. The host
+// judges: the sandbox must go on answering, or fail as the agent's doing.
+func breakGuest(o opts) finding {
+	var err error
+	switch o.how {
+	case "kill":
+		err = syscall.Kill(1, syscall.SIGKILL)
+	case "stop":
+		err = syscall.Kill(1, syscall.SIGSTOP)
+	case "garble":
+		var f *os.File
+		if f, err = os.OpenFile("/proc/1/fd/1", os.O_WRONLY, 0); err == nil {
+			junk := make([]byte, 64<<10)
+			for i := range junk {
+				junk[i] = byte(i*7 + 3)
+			}
+			_, err = f.Write(junk)
+			f.Close()
+		}
+	default:
+		return finding{Evidence: fmt.Sprintf("-how %q is not kill, stop or garble", o.how)}
+	}
+	time.Sleep(time.Second)
+	return finding{Pass: true, Evidence: fmt.Sprintf("%s: %s (the guest was not affected: this line reached the host)", o.how, errOrNone(err))}
 }

@@ -45,6 +45,7 @@ type opts struct {
 	bytes    int64         // flood: how much to write
 	gateways string        // net-gateway: extra addresses to try, comma-separated host:port
 	forge    bool          // guest: write forged replies into the guest's stream when it is reachable
+	how      string        // break-guest: kill, stop or garble
 }
 
 // probe is one named probe.
@@ -70,6 +71,7 @@ func main() {
 	fs.Int64Var(&o.bytes, "bytes", 1<<30, "flood: bytes to write to stdout")
 	fs.StringVar(&o.gateways, "gateways", "", "net-gateway: extra host:port addresses to try")
 	fs.BoolVar(&o.forge, "forge", false, "guest: write forged replies when the guest's stream is reachable")
+	fs.StringVar(&o.how, "how", "", "break-guest: kill (SIGKILL to PID 1), stop (SIGSTOP to PID 1) or garble (junk into /proc/1/fd/1)")
 	if err := fs.Parse(os.Args[2:]); err != nil {
 		os.Exit(2)
 	}

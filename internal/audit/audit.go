@@ -120,7 +120,8 @@ func Run(ctx context.Context, backend sandbox.Backend, spec sandbox.Spec, opts O
 	if err := sb.WriteFile(ctx, sandboxProbe, probeBin, 0o755); err != nil {
 		return nil, fmt.Errorf("audit: copy the probe into the sandbox: %w", err)
 	}
-	r := &runner{sb: sb, spec: full, probe: sandboxProbe, rep: rep, opts: opts, wasm: wasm, host: host, confiner: confiner}
+	r := &runner{sb: sb, spec: full, probe: sandboxProbe, rep: rep, opts: opts, wasm: wasm, host: host, confiner: confiner,
+		backend: backend, origSpec: spec, probeBin: probeBin}
 	for _, p := range r.plan() {
 		if len(opts.Only) > 0 && !contains(opts.Only, p.name) {
 			continue
@@ -137,6 +138,13 @@ func Run(ctx context.Context, backend sandbox.Backend, spec sandbox.Spec, opts O
 	if len(opts.Only) == 0 || contains(opts.Only, "proc-self-exe") {
 		// The hashes are compared once every probe has run.
 		r.judgeBinaries(before)
+	}
+	if len(opts.Only) == 0 || contains(opts.Only, sandboxRemoved) {
+		start := time.Now()
+		pr := r.removed(ctx)
+		pr.Name = sandboxRemoved
+		pr.DurationMS = time.Since(start).Milliseconds()
+		r.add(pr)
 	}
 	for _, p := range rep.Probes {
 		switch p.Status {
@@ -169,8 +177,11 @@ func Names() []string {
 	for _, p := range r.plan() {
 		out = append(out, p.name)
 	}
-	return out
+	return append(out, sandboxRemoved)
 }
+
+// sandboxRemoved is the last probe: it closes the sandbox (runner.removed).
+const sandboxRemoved = "sandbox-removed"
 
 // hostFiles are the host files no sandbox may change: what the backend's
 // Inspector names (a container backend's runtime binaries, the guest
@@ -217,6 +228,11 @@ type runner struct {
 	confiner  sandbox.Confiner
 	checks    []sandbox.ConfinementCheck
 	checksErr error
+	// backend, origSpec and probeBin make the sandboxes of the probes that
+	// break their own (sandbox-abuse).
+	backend  sandbox.Backend
+	origSpec sandbox.Spec
+	probeBin []byte
 
 	exeEvidence string // the in-sandbox half of proc-self-exe
 	exePass     bool
@@ -246,7 +262,10 @@ func (r *runner) plan() []planned {
 		{"host-path-oracle", r.pathOracle},
 		{"guest-isolation", r.guest},
 		{"copy-out-symlink", r.copyOut},
+		{"file-api-identity", r.fileIdentity},
+		{"sandbox-abuse", r.abuse},
 		{"fork-bomb", r.forkBomb},
+		{"command-leftovers", r.leftovers},
 		{"memory-balloon", r.balloon},
 		{"memory-bypass", r.memoryBypass},
 		{"disk-fill", r.diskFill},
