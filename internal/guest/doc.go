@@ -13,7 +13,9 @@
 //
 // One goroutine (the reaper) waits for any child (wait4(-1)) and hands each
 // exit status to the command waiting for that pid, so reaping orphans never
-// steals a command's status. Spawning and sweeping share one lock with the
+// steals a command's status. When no command is live, nothing but PID 1 may
+// exist: the guest kills every other process with kill(-1, SIGKILL) until
+// none is left (see procs). Spawning and sweeping share one lock with the
 // reaper's dispatch, which closes the race between a fork and the
 // registration of its pid.
 package guest

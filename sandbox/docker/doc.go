@@ -15,6 +15,15 @@
 // and user 65534:65534 (nobody). Every container is labelled
 // rollbox.owner=<owner> so Cleanup can remove what a crashed process left.
 //
+// # Errors
+//
+// The engine's failures are infrastructure (sandbox.ErrEngineUnavailable,
+// ErrImageNotFound, ErrSandboxFailed). A guest that breaks while a command
+// runs in its sandbox (killed, frozen: a liveness ping unanswered for
+// Options.GuestTimeout, or its stream garbled), with no sign the engine did
+// it, is sandbox.ErrSandboxAbuse: the agent's doing. Close returns only once
+// the engine says the container is gone, or an error naming it.
+//
 // It also builds the container images named by recipes in images/recipes
 // (BuildImage), with no registry: a recipe script fills a rootfs directory
 // that is imported as a tar stream.
