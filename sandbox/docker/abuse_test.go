@@ -21,9 +21,9 @@ import (
 // abuseEpisode runs one episode through agent.Run on the real engine: the
 // agent writes /work/ok (so the verifier, `test -f /work/ok`, would give
 // 1), then makes the calls given, then finishes. It returns the trajectory
-// and the sandbox the episode ran in (the verifier's comes after it);
-// during, if set, runs beside the episode with that sandbox.
-func abuseEpisode(t *testing.T, b *docker.Backend, rt string, verifier string, calls []map[string]any, during func(sb sandbox.Sandbox)) (*trajectory.Trajectory, sandbox.Sandbox) {
+// and the sandboxes made: the episode's first, then the verifier's; during,
+// if set, runs beside the episode with the episode's.
+func abuseEpisode(t *testing.T, b *docker.Backend, rt string, verifier string, calls []map[string]any, during func(sb sandbox.Sandbox)) (*trajectory.Trajectory, []sandbox.Sandbox) {
 	t.Helper()
 	if verifier == "" {
 		verifier = "test -f /work/ok"
@@ -51,7 +51,7 @@ func abuseEpisode(t *testing.T, b *docker.Backend, rt string, verifier string, c
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	var made sandbox.Sandbox
+	var made []sandbox.Sandbox
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	tr, err := agent.Run(ctx, agent.Config{
@@ -61,10 +61,8 @@ func abuseEpisode(t *testing.T, b *docker.Backend, rt string, verifier string, c
 			sb, err := b.Create(ctx, spec)
 			if err == nil {
 				mu.Lock()
-				first := made == nil
-				if first {
-					made = sb
-				}
+				first := len(made) == 0
+				made = append(made, sb)
 				mu.Unlock()
 				if first && during != nil {
 					go during(sb)

@@ -33,7 +33,16 @@ func TestCloseRemovesContainersInterruptedMidForkBomb(t *testing.T) {
 	for _, rt := range []string{sandbox.RuntimeRunc, sandbox.RuntimeRunsc} {
 		t.Run(rt, func(t *testing.T) {
 			t.Parallel()
-			b := need(t)
+			// A runsc sandbox full of forks can take dockerd minutes to
+			// remove when the host is loaded ("Container failed to exit
+			// within 10 seconds of kill", "cannot delete running task"):
+			// Close must wait it out, or fail, never return early.
+			need(t)
+			b, err := docker.New(context.Background(), docker.Options{GuestPath: env.guest, Owner: testOwner, RemoveTimeout: 5 * time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
 			ctx := context.Background()
 			var wg sync.WaitGroup
 			for i := range 3 {
@@ -47,8 +56,9 @@ func TestCloseRemovesContainersInterruptedMidForkBomb(t *testing.T) {
 					}
 					go sb.Exec(ctx, sandbox.ExecRequest{Shell: attacks[i%len(attacks)], Timeout: time.Minute})
 					time.Sleep(time.Duration(500+100*i) * time.Millisecond)
+					start := time.Now()
 					if err := sb.Close(); err != nil {
-						t.Errorf("Close %s: %v", sb.Info().ID, err)
+						t.Errorf("Close %s after %v: %v", sb.Info().ID, time.Since(start), err)
 					}
 					if left := remains(t, sb.Info()); len(left) > 0 {
 						t.Errorf("after Close returned: %v", left)
@@ -196,9 +206,12 @@ func TestAnEpisodeRecordsAContainerThatCouldNotBeRemoved(t *testing.T) {
 	}
 	defer b.Close()
 	engine.fail.Store(1 << 30)
-	tr, sb := abuseEpisode(t, b, sandbox.RuntimeRunc, "", nil, nil)
+	tr, made := abuseEpisode(t, b, sandbox.RuntimeRunc, "", nil, nil)
 	engine.fail.Store(0)
-	defer need(t).Client().ContainerRemove(context.Background(), sb.Info().ID, container.RemoveOptions{Force: true})
+	for _, sb := range made {
+		defer need(t).Client().ContainerRemove(context.Background(), sb.Info().ID, container.RemoveOptions{Force: true})
+	}
+	sb := made[0]
 	if tr.Termination.Reason != "finished" || tr.Reward == nil || tr.Reward.Total != 1 {
 		t.Errorf("the end changed: %s", describeEnd(tr))
 	}
