@@ -1,21 +1,22 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"flag"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"strconv"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/rollbox/rollbox/internal/fakepolicy"
 	"github.com/rollbox/rollbox/internal/loadgen"
 	"github.com/rollbox/rollbox/sandbox"
 )
 
-// runBench is `rollbox bench`: a load generator for the rollout service.
+// newBenchCmd is `rollbox bench`: a load generator for the rollout service.
 // It starts the fake OpenAI-compatible policy server (latency configurable)
 // in this process and `rollbox serve` as a child process (so the service's
 // peak RSS is its own), then either
@@ -27,9 +28,22 @@ import (
 //	--mode env-step: one environment-mode episode stepped with bash `true`
 //	                 over HTTP, side by side with `docker exec` of the same
 //	                 command in the same container (docker backend).
-func runBench(ctx context.Context, env *cliEnv, args []string) error {
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(env.stderr)
+func newBenchCmd(env *cliEnv) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bench [flags]",
+		Short: "Load-test the rollout service against a fake policy",
+		Long: `Start a fake OpenAI-compatible policy (--latency per call) and rollbox serve as a
+child process, submit one rollout of --episodes × --turns (bash true each turn,
+finish last), read it back as a stream and report completion, throughput, the
+runtime's overhead per turn (p50/p99) and the service's peak RSS. --mode
+env-step times environment-mode steps over HTTP beside docker exec of the same
+command in the same container.`,
+		Example: `  rollbox bench --episodes 1000 --turns 10 --latency 200ms
+  rollbox bench --backend docker --mode env-step --steps 200`,
+		Args: noArgs,
+	}
+	fs := cmd.Flags()
+	fs.SortFlags = false
 	mode := fs.String("mode", "rollout", "rollout or env-step")
 	backend := fs.String("backend", "wasm", "wasm or docker")
 	image := fs.String("image", "base", "docker image of the episodes (docker backend)")
@@ -41,86 +55,83 @@ func runBench(ctx context.Context, env *cliEnv, args []string) error {
 	policyConc := fs.Int("policy-concurrency", 1024, "service: policy calls in flight per endpoint")
 	warm := fs.Int("warm", 16, "service: warm docker sandboxes per spec")
 	steps := fs.Int("steps", 200, "env-step: timed steps (and as many docker execs)")
-	url := fs.String("url", "", "bench a running service at this URL instead of starting one (its peak RSS is read from /metrics)")
-	jsonOut := fs.String("json", "", "also write the results as JSON to this file")
-	keep := fs.String("data", "", "service data directory (default: a temporary one, removed)")
-	serveProfile := fs.String("serve-cpuprofile", "", "have the service write a CPU profile to this file")
-	if err := fs.Parse(args); err != nil {
-		return usagef("%v", err)
-	}
-	switch {
-	case fs.NArg() > 0:
-		return usagef("unexpected arguments: %v", fs.Args())
-	case *mode != "rollout" && *mode != "env-step":
-		return usagef("--mode %q is not one of rollout, env-step", *mode)
-	case sandbox.CheckBackend(*backend) != nil:
-		return usagef("--backend %v", sandbox.CheckBackend(*backend))
-	case *turns < 1 || *episodes < 1 || *group < 1 || *episodes%*group != 0:
-		return usagef("--episodes must be a positive multiple of --group, --turns at least 1")
-	case *mode == "env-step" && *backend != sandbox.BackendDocker:
-		return usagef("--mode env-step compares with docker exec: use --backend docker")
-	}
+	url := fs.String("url", "", "bench a running service at this `URL` instead of starting one (its peak RSS is read from /metrics)")
+	asJSON := fs.Bool("json", false, "print the results as JSON instead of the text report")
+	keep := fs.String("data", "", "the service's data `DIR` (default: a temporary one, removed)")
+	serveProfile := fs.String("serve-cpuprofile", "", "have the service write a CPU profile to this `FILE`")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		ctx := cmd.Context()
+		switch {
+		case *mode != "rollout" && *mode != "env-step":
+			return usagef("--mode %q is not one of rollout, env-step", *mode)
+		case sandbox.CheckBackend(*backend) != nil:
+			return usagef("--backend %v", sandbox.CheckBackend(*backend))
+		case *turns < 1 || *episodes < 1 || *group < 1 || *episodes%*group != 0:
+			return usagef("--episodes must be a positive multiple of --group, --turns at least 1")
+		case *mode == "env-step" && *backend != sandbox.BackendDocker:
+			return usagef("--mode env-step compares with docker exec: use --backend docker")
+		}
 
-	pol, err := fakepolicy.Start(fakepolicy.Config{Latency: *latency, Jitter: *jitter, Responder: fakepolicy.BashThenFinish(*turns - 1)})
-	if err != nil {
-		return err
-	}
-	defer pol.Close()
+		pol, err := fakepolicy.Start(fakepolicy.Config{Latency: *latency, Jitter: *jitter, Responder: fakepolicy.BashThenFinish(*turns - 1)})
+		if err != nil {
+			return err
+		}
+		defer pol.Close()
 
-	base := *url
-	var svc *loadgen.Service
-	if base == "" {
-		dir := *keep
-		if dir == "" {
-			if dir, err = os.MkdirTemp("", "rollbox-bench-"); err != nil {
+		base := *url
+		var svc *loadgen.Service
+		if base == "" {
+			dir := *keep
+			if dir == "" {
+				if dir, err = os.MkdirTemp("", "rollbox-bench-"); err != nil {
+					return err
+				}
+				defer os.RemoveAll(dir)
+			}
+			exe, err := os.Executable()
+			if err != nil {
 				return err
 			}
-			defer os.RemoveAll(dir)
+			maxRunning := max(*episodes, 1)
+			svc, err = loadgen.StartService(ctx, exe, dir, []string{
+				"--max-running", strconv.Itoa(maxRunning), "--max-queued", strconv.Itoa(max(*episodes, 1)),
+				"--docker-concurrency", strconv.Itoa(maxRunning), "--policy-concurrency", strconv.Itoa(*policyConc),
+				"--warm", strconv.Itoa(*warm), "--log-level", "warn", "--cpuprofile", *serveProfile,
+			})
+			if err != nil {
+				return err
+			}
+			defer svc.Stop()
+			base = svc.URL
 		}
-		exe, err := os.Executable()
-		if err != nil {
-			return err
-		}
-		maxRunning := max(*episodes, 1)
-		svc, err = loadgen.StartService(ctx, exe, dir, []string{
-			"--max-running", strconv.Itoa(maxRunning), "--max-queued", strconv.Itoa(max(*episodes, 1)),
-			"--docker-concurrency", strconv.Itoa(maxRunning), "--policy-concurrency", strconv.Itoa(*policyConc),
-			"--warm", strconv.Itoa(*warm), "--log-level", "warn", "--cpuprofile", *serveProfile,
-		})
-		if err != nil {
-			return err
-		}
-		defer svc.Stop()
-		base = svc.URL
-	}
-	fmt.Fprintf(env.stderr, "rollbox bench: service %s, fake policy %s (latency %s)\n", base, pol.URL(), *latency)
+		fmt.Fprintf(env.stderr, "rollbox bench: service %s, fake policy %s (latency %s)\n", base, pol.URL(), *latency)
 
-	var res interface{ Report(io.Writer) }
-	switch *mode {
-	case "rollout":
-		var r *loadgen.RolloutResult
-		r, err = loadgen.Rollout(ctx, base, loadgen.RolloutConfig{Backend: *backend, Image: *image, Episodes: *episodes,
-			Group: *group, Turns: *turns, PolicyURL: pol.URL(), Latency: *latency, Service: svc, Progress: env.stderr})
-		if r != nil {
-			res = r
+		var res interface{ Report(io.Writer) }
+		switch *mode {
+		case "rollout":
+			var r *loadgen.RolloutResult
+			r, err = loadgen.Rollout(ctx, base, loadgen.RolloutConfig{Backend: *backend, Image: *image, Episodes: *episodes,
+				Group: *group, Turns: *turns, PolicyURL: pol.URL(), Latency: *latency, Service: svc, Progress: env.stderr})
+			if r != nil {
+				res = r
+			}
+		case "env-step":
+			var r *loadgen.EnvStepResult
+			if r, err = loadgen.EnvStep(ctx, base, *image, *steps); r != nil {
+				res = r
+			}
 		}
-	case "env-step":
-		var r *loadgen.EnvStepResult
-		if r, err = loadgen.EnvStep(ctx, base, *image, *steps); r != nil {
-			res = r
+		switch {
+		case res != nil && *asJSON:
+			enc := json.NewEncoder(env.stdout)
+			enc.SetIndent("", "  ")
+			if jerr := enc.Encode(res); jerr != nil {
+				return errors.Join(err, jerr)
+			}
+		case res != nil:
+			res.Report(env.stdout)
 		}
-	}
-	if res != nil {
-		res.Report(env.stdout)
-	}
-	if err != nil {
 		return err
 	}
-	if *jsonOut != "" {
-		b, _ := json.MarshalIndent(res, "", "  ")
-		if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
-			return err
-		}
-	}
-	return nil
+	return cmd
 }

@@ -3,48 +3,55 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/rollbox/rollbox/internal/lease"
 	"github.com/rollbox/rollbox/sandbox/docker"
 	"github.com/rollbox/rollbox/sandbox/wasm"
 )
 
-// runGC is `rollbox gc [--owner NAME]`: it removes what crashed rollbox
+// newGCCmd is `rollbox gc [--owner NAME]`: it removes what crashed rollbox
 // processes left on this host (gcAll). Running it twice is harmless, and so
 // is running it beside live rollbox processes: their containers carry a
 // lease a live process holds. --owner NAME removes every container of that
 // owner label, live or not, for when you know nothing of it runs.
-func runGC(ctx context.Context, env *cliEnv, args []string) error {
-	fs := flag.NewFlagSet("gc", flag.ContinueOnError)
-	fs.SetOutput(env.stderr)
-	owner := fs.String("owner", "", "also remove every container whose rollbox.owner label is this, live or not")
-	if err := fs.Parse(args); err != nil {
-		return usagef("%v", err)
+func newGCCmd(env *cliEnv) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "gc [--owner NAME]",
+		Short: "Remove what crashed rollbox processes left: containers, mounts, temp dirs, leases",
+		Long: `Remove what crashed rollbox processes left on this host: containers whose
+process is gone (by lease), their mounts, image build directories, half-written
+cache files and stale leases. What a live rollbox process uses is never touched,
+so gc is safe beside running processes and safe to run twice. --owner NAME also
+removes every container of that owner label, live or not.`,
+		Args: noArgs,
 	}
-	if fs.NArg() > 0 {
-		return usagef("gc takes no arguments")
-	}
-	var errs []error
-	if *owner != "" {
-		cli, err := docker.NewClient()
-		if err != nil {
-			return err
+	owner := cmd.Flags().String("owner", "", "also remove every container whose rollbox.owner label is this `NAME`, live or not")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		ctx := cmd.Context()
+		var errs []error
+		if *owner != "" {
+			cli, err := docker.NewClient()
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			n, err := docker.Cleanup(ctx, cli, *owner)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(env.stdout, "removed %d containers of owner %q\n", n, *owner)
 		}
-		defer cli.Close()
-		n, err := docker.Cleanup(ctx, cli, *owner)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(env.stdout, "removed %d containers of owner %q\n", n, *owner)
+		errs = append(errs, gcAll(ctx, env.stdout, env.cfg))
+		return errors.Join(errs...)
 	}
-	errs = append(errs, gcAll(ctx, env.stdout, env.cfg))
-	return errors.Join(errs...)
+	return cmd
 }
 
 // gcAll removes what crashed rollbox processes left on this host and

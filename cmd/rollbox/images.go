@@ -2,37 +2,52 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/rollbox/rollbox/images"
 	"github.com/rollbox/rollbox/sandbox/docker"
 )
 
-// runImages is `rollbox images build [NAME...] | list`.
-func runImages(ctx context.Context, env *cliEnv, args []string) error {
-	if len(args) == 0 {
-		return usagef("usage: rollbox images build [NAME...] | list (recipes: %s)", strings.Join(images.RecipeNames(), ", "))
+// newImagesCmd is `rollbox images build [NAME...] | list`.
+func newImagesCmd(env *cliEnv) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "images",
+		Short: "Build the sandbox images or list them",
+		Long: `Build the sandbox images from the recipes in images/ (never a registry), or
+list them. Container recipes: ` + strings.Join(images.RecipeNames(), ", ") + `; also wasm (the WASI
+guests, built and compiled for the WASM backend) and guest (the static guest
+agent every container runs as PID 1). An unchanged recipe is not rebuilt.`,
+		RunE: groupRunE,
 	}
-	switch args[0] {
-	case "build":
-		return imagesBuild(ctx, env, args[1:])
-	case "list":
-		return imagesList(ctx, env, args[1:])
+	build := &cobra.Command{
+		Use:   "build [NAME...]",
+		Short: "Build images: " + strings.Join(append([]string{"wasm", "guest"}, images.RecipeNames()...), ", ") + " (default: all)",
+		Example: `  rollbox images build wasm          # the WASM backend's guests (needs only Go)
+  rollbox images build base python   # the container images (needs a Docker engine)`,
+		ValidArgs: append([]string{"wasm", "guest"}, images.RecipeNames()...),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return imagesBuild(cmd.Context(), env, args)
+		},
 	}
-	return usagef("unknown images subcommand %q: want build or list", args[0])
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List the container images the recipes built",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return imagesList(cmd.Context(), env)
+		},
+	}
+	cmd.AddCommand(build, list)
+	return cmd
 }
 
 func imagesBuild(ctx context.Context, env *cliEnv, args []string) error {
-	fs := flag.NewFlagSet("images build", flag.ContinueOnError)
-	fs.SetOutput(env.stderr)
-	if err := fs.Parse(args); err != nil {
-		return usagef("%v", err)
-	}
-	names := fs.Args()
+	names := args
 	if len(names) == 0 {
 		names = append([]string{"wasm", "guest"}, images.RecipeNames()...)
 	}
@@ -95,10 +110,7 @@ func buildWASMGuests(ctx context.Context, env *cliEnv) error {
 	return nil
 }
 
-func imagesList(ctx context.Context, env *cliEnv, args []string) error {
-	if len(args) > 0 {
-		return usagef("images list takes no arguments")
-	}
+func imagesList(ctx context.Context, env *cliEnv) error {
 	cli, err := docker.NewClient()
 	if err != nil {
 		return err

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -12,75 +10,91 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/rollbox/rollbox/retriever"
 )
 
-// runIndex is `rollbox index build|info|search`.
-func runIndex(ctx context.Context, env *cliEnv, args []string) error {
-	if len(args) == 0 {
-		return usagef("want a subcommand: build --corpus FILE.jsonl --out DIR [--chunk-tokens N] | info DIR | search --index DIR QUERY...")
+// newIndexCmd is `rollbox index build|info|search`.
+func newIndexCmd(env *cliEnv) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "index",
+		Short: "Build, inspect or query a search index",
+		Long: `Build a bleve search index from a corpus (JSONL, {"id", "title", "text", ...} a
+line), show what an index holds, or query it as the search tool does. A search
+task names its index with "retriever": {"index": "DIR"} (docs/tasks.md).`,
+		RunE: groupRunE,
 	}
-	switch args[0] {
-	case "build":
-		return runIndexBuild(ctx, env, args[1:])
-	case "info":
-		return runIndexInfo(env, args[1:])
-	case "search":
-		return runIndexSearch(ctx, env, args[1:])
-	}
-	return usagef("unknown subcommand %q (want build, info or search)", args[0])
+	cmd.AddCommand(newIndexBuildCmd(env), newIndexInfoCmd(env), newIndexSearchCmd(env))
+	return cmd
 }
 
-func runIndexBuild(ctx context.Context, env *cliEnv, args []string) error {
-	fs := flag.NewFlagSet("index build", flag.ContinueOnError)
-	fs.SetOutput(env.stderr)
-	corpus := fs.String("corpus", "", "corpus (JSONL: {\"id\", \"title\", \"text\", ...metadata} a line)")
-	out := fs.String("out", "", "directory to create the index in (must not exist, or be empty)")
+func newIndexBuildCmd(env *cliEnv) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "build --corpus FILE.jsonl --out DIR [flags]",
+		Short:   "Build an index from a corpus",
+		Example: `  rollbox index build --corpus examples/search/corpus.jsonl --out /tmp/index`,
+		Args:    noArgs,
+	}
+	fs := cmd.Flags()
+	fs.SortFlags = false
+	corpus := fs.String("corpus", "", "corpus `FILE` (JSONL: {\"id\", \"title\", \"text\", ...metadata} a line)")
+	out := fs.String("out", "", "create the index in `DIR` (must not exist, or be empty)")
 	chunkTokens := fs.Int("chunk-tokens", 0, "split documents into chunks of about N tokens, ids <id>#<n> (0: whole documents)")
 	batch := fs.Int("batch-size", retriever.DefaultBatchSize, "documents indexed per batch")
 	boost := fs.Float64("title-boost", retriever.DefaultTitleBoost, "weight of title matches over text matches")
-	if err := fs.Parse(args); err != nil {
-		return usagef("%v", err)
-	}
-	switch {
-	case fs.NArg() > 0:
-		return usagef("unexpected arguments: %v", fs.Args())
-	case *corpus == "" || *out == "":
-		return usagef("--corpus FILE and --out DIR are required")
-	case *chunkTokens < 0 || *chunkTokens > 1<<20:
-		return usagef("--chunk-tokens %d is outside 0..%d", *chunkTokens, 1<<20)
-	case *batch < 1:
-		return usagef("--batch-size %d must be at least 1", *batch)
-	case *boost <= 0:
-		return usagef("--title-boost %v must be positive", *boost)
-	}
-	if _, err := os.Stat(*corpus); err != nil {
-		return usagef("--corpus: %v", err)
-	}
-	bar := newBuildProgress(env.stderr)
-	info, err := retriever.BuildFile(ctx, *out, *corpus, retriever.BuildOptions{
-		ChunkTokens: *chunkTokens, BatchSize: *batch, TitleBoost: *boost, Progress: bar.update,
-	})
-	bar.finish()
-	if err != nil {
-		if errors.Is(err, retriever.ErrBadCorpus) || errors.Is(err, retriever.ErrExists) {
-			return usagef("%v", err)
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		ctx := cmd.Context()
+		switch {
+		case *corpus == "" || *out == "":
+			return usagef("--corpus FILE and --out DIR are required")
+		case *chunkTokens < 0 || *chunkTokens > 1<<20:
+			return usagef("--chunk-tokens %d is outside 0..%d", *chunkTokens, 1<<20)
+		case *batch < 1:
+			return usagef("--batch-size %d must be at least 1", *batch)
+		case *boost <= 0:
+			return usagef("--title-boost %v must be positive", *boost)
 		}
-		return err
+		if _, err := os.Stat(*corpus); err != nil {
+			return usagef("--corpus: %v", err)
+		}
+		bar := newBuildProgress(env.stderr)
+		info, err := retriever.BuildFile(ctx, *out, *corpus, retriever.BuildOptions{
+			ChunkTokens: *chunkTokens, BatchSize: *batch, TitleBoost: *boost, Progress: bar.update,
+		})
+		bar.finish()
+		if err != nil {
+			if errors.Is(err, retriever.ErrBadCorpus) || errors.Is(err, retriever.ErrExists) {
+				return usagef("%v", err)
+			}
+			return err
+		}
+		units := ""
+		if info.ChunkTokens > 0 {
+			units = fmt.Sprintf(" in %d chunks of ≤%d tokens", info.Units, info.ChunkTokens)
+		}
+		fmt.Fprintf(env.stdout, "built %s: %d documents%s, %.1f MB of corpus in %.1fs (%.0f docs/s), scoring %s, title boost %g\n",
+			*out, info.Docs, units, float64(info.CorpusBytes)/1e6, info.BuildSeconds, float64(info.Docs)/max(info.BuildSeconds, 1e-9), info.Scoring, info.TitleBoost)
+		return nil
 	}
-	units := ""
-	if info.ChunkTokens > 0 {
-		units = fmt.Sprintf(" in %d chunks of ≤%d tokens", info.Units, info.ChunkTokens)
+	return cmd
+}
+
+func newIndexInfoCmd(env *cliEnv) *cobra.Command {
+	return &cobra.Command{
+		Use:   "info DIR",
+		Short: "Show what an index holds (documents, chunking, scoring) as JSON",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usagef("want one index directory: rollbox index info DIR")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error { return runIndexInfo(env, args) },
 	}
-	fmt.Fprintf(env.stdout, "built %s: %d documents%s, %.1f MB of corpus in %.1fs (%.0f docs/s), scoring %s, title boost %g\n",
-		*out, info.Docs, units, float64(info.CorpusBytes)/1e6, info.BuildSeconds, float64(info.Docs)/max(info.BuildSeconds, 1e-9), info.Scoring, info.TitleBoost)
-	return nil
 }
 
 func runIndexInfo(env *cliEnv, args []string) error {
-	if len(args) != 1 {
-		return usagef("want one index directory: rollbox index info DIR")
-	}
 	ix, err := retriever.Open(args[0], retriever.OpenOptions{})
 	if err != nil {
 		if errors.Is(err, retriever.ErrNotIndex) {
@@ -98,6 +112,7 @@ func runIndexInfo(env *cliEnv, args []string) error {
 type filterFlags map[string]string
 
 func (f filterFlags) String() string { return fmt.Sprint(map[string]string(f)) }
+func (f filterFlags) Type() string   { return "FIELD=VALUE" }
 func (f filterFlags) Set(s string) error {
 	k, v, ok := strings.Cut(s, "=")
 	if !ok || k == "" {
@@ -107,39 +122,49 @@ func (f filterFlags) Set(s string) error {
 	return nil
 }
 
-func runIndexSearch(ctx context.Context, env *cliEnv, args []string) error {
-	fs := flag.NewFlagSet("index search", flag.ContinueOnError)
-	fs.SetOutput(env.stderr)
-	dir := fs.String("index", "", "index directory")
-	k := fs.Int("k", retriever.DefaultK, "number of results")
+func newIndexSearchCmd(env *cliEnv) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "search --index DIR [flags] QUERY...",
+		Short: "Query an index as the search tool does",
+		Long: `Query an index as an episode's search tool does (BM25, titles boosted) and print
+the hits with their scores and snippets. Flags may come anywhere; words after
+-- are the query even when they start with a dash.`,
+		Example: `  rollbox index search --index /tmp/index http port --k 3
+  rollbox index search --index /tmp/index --filter lang=en -- -v flag`,
+	}
+	fs := cmd.Flags()
+	fs.SortFlags = false
+	dir := fs.String("index", "", "the index `DIR`")
+	k := fs.IntP("k", "k", retriever.DefaultK, "number of results")
 	filters := filterFlags{}
 	fs.Var(filters, "filter", "exact metadata match FIELD=VALUE (repeatable)")
-	if err := fs.Parse(args); err != nil {
-		return usagef("%v", err)
-	}
-	if *dir == "" || fs.NArg() == 0 {
-		return usagef("want --index DIR and a query: rollbox index search --index DIR [--k N] [--filter F=V] QUERY...")
-	}
-	ix, err := retriever.Open(*dir, retriever.OpenOptions{})
-	if err != nil {
-		if errors.Is(err, retriever.ErrNotIndex) {
-			return usagef("%v", err)
+	cmd.RunE = func(cmd *cobra.Command, query []string) error {
+		ctx := cmd.Context()
+		if *dir == "" || len(query) == 0 {
+			return usagef("want --index DIR and a query: rollbox index search --index DIR [--k N] [--filter F=V] QUERY...")
 		}
-		return err
-	}
-	defer ix.Close()
-	res, err := ix.Search(ctx, retriever.Query{Text: strings.Join(fs.Args(), " "), K: *k, Filters: filters})
-	if err != nil {
-		if errors.Is(err, retriever.ErrInvalidQuery) {
-			return usagef("%v", err)
+		ix, err := retriever.Open(*dir, retriever.OpenOptions{})
+		if err != nil {
+			if errors.Is(err, retriever.ErrNotIndex) {
+				return usagef("%v", err)
+			}
+			return err
 		}
-		return err
+		defer ix.Close()
+		res, err := ix.Search(ctx, retriever.Query{Text: strings.Join(query, " "), K: *k, Filters: filters})
+		if err != nil {
+			if errors.Is(err, retriever.ErrInvalidQuery) {
+				return usagef("%v", err)
+			}
+			return err
+		}
+		fmt.Fprintf(env.stdout, "%d of %d matching\n", len(res.Hits), res.Total)
+		for i, h := range res.Hits {
+			fmt.Fprintf(env.stdout, "%2d. %-40s %7.3f  %s\n    %s\n", i+1, h.ID, h.Score, h.Title, h.Snippet)
+		}
+		return nil
 	}
-	fmt.Fprintf(env.stdout, "%d of %d matching\n", len(res.Hits), res.Total)
-	for i, h := range res.Hits {
-		fmt.Fprintf(env.stdout, "%2d. %-40s %7.3f  %s\n    %s\n", i+1, h.ID, h.Score, h.Title, h.Snippet)
-	}
-	return nil
+	return cmd
 }
 
 // buildProgress draws a bar on a terminal, or a line every few seconds

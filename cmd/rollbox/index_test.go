@@ -54,7 +54,7 @@ func TestIndexBuildRefusesBadInputWithExit2(t *testing.T) {
 		{"an output directory in use", []string{"index", "build", "--corpus", bad, "--out", dir}, "already exists"},
 		{"no corpus", []string{"index", "build", "--out", filepath.Join(dir, "b")}, "--corpus FILE and --out DIR are required"},
 		{"a missing corpus", []string{"index", "build", "--corpus", filepath.Join(dir, "none"), "--out", filepath.Join(dir, "c")}, "no such file"},
-		{"an unknown subcommand", []string{"index", "drop"}, `unknown subcommand "drop"`},
+		{"an unknown subcommand", []string{"index", "drop"}, `unknown command "drop" for "rollbox index"`},
 		{"searching what is not an index", []string{"index", "search", "--index", dir, "x"}, "not a rollbox index"},
 	}
 	for _, tt := range tests {

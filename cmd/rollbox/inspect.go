@@ -3,59 +3,68 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"net"
 	"net/http"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/internal/inspect"
 )
 
-func runInspect(ctx context.Context, env *cliEnv, args []string) error {
-	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
-	fs.SetOutput(env.stderr)
-	serve := fs.String("serve", "", "serve a web page of the episodes in DIR (a run's out dir or its episodes/)")
-	addr := fs.String("addr", "127.0.0.1:7071", "address for --serve")
+func newInspectCmd(env *cliEnv) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "inspect TRAJECTORY.json | --serve DIR",
+		Short: "Show a trajectory in the terminal, or serve a run's episodes as a web page",
+		Long: `Show one trajectory in the terminal (model turns, tool calls with their
+outputs, errors and truncations, context events, the reward and its
+components), or with --serve DIR serve the episodes of a run (a rollbox run
+--out directory, a rollbox serve --data directory, or an episodes/ directory)
+as a web page embedded in the binary, with filters by run, task, reward, end
+reason and tool error kind.`,
+		Example: `  rollbox inspect out/<rollout id>/episodes/<episode id>.json
+  rollbox inspect --serve out/<rollout id>`,
+	}
+	fs := cmd.Flags()
+	fs.SortFlags = false
+	serve := fs.String("serve", "", "serve a web page of the episodes in `DIR` (a run's out dir or its episodes/)")
+	addr := fs.String("addr", "127.0.0.1:7071", "`HOST:PORT` for --serve")
 	lines := fs.Int("lines", 12, "lines of each output to show (head and tail); 0 shows all")
 	color := fs.String("color", "auto", "colour: auto (on a terminal), always or never")
-	fs.Usage = func() {
-		fmt.Fprintln(env.stderr, "usage: rollbox inspect TRAJECTORY.json [--lines N] [--color auto|always|never]\n       rollbox inspect --serve DIR [--addr 127.0.0.1:7071]")
-		fs.PrintDefaults()
-	}
-	pos, err := parseInterspersed(fs, args)
-	if err != nil {
-		return usagef("%v", err)
-	}
-	if *serve != "" {
-		if len(pos) > 0 {
-			return usagef("--serve DIR takes no trajectory file (got %v)", pos)
+	cmd.RunE = func(cmd *cobra.Command, pos []string) error {
+		ctx := cmd.Context()
+		if *serve != "" {
+			if len(pos) > 0 {
+				return usagef("--serve DIR takes no trajectory file (got %v)", pos)
+			}
+			return serveInspect(ctx, env, *serve, *addr)
 		}
-		return serveInspect(ctx, env, *serve, *addr)
+		if len(pos) != 1 {
+			return usagef("want one trajectory file: rollbox inspect TRAJECTORY.json, or rollbox inspect --serve DIR")
+		}
+		if *lines < 0 {
+			return usagef("--lines %d is negative", *lines)
+		}
+		var useColor bool
+		switch *color {
+		case "auto":
+			useColor = env.cfg.colorOutput(env.stdout)
+		case "always":
+			useColor = true
+		case "never":
+		default:
+			return usagef("--color %q is not one of auto, always, never", *color)
+		}
+		t, err := trajectory.Read(pos[0])
+		if err != nil {
+			return usagef("%v", err)
+		}
+		inspect.Render(env.stdout, t, inspect.Options{Color: useColor, Lines: *lines})
+		return nil
 	}
-	if len(pos) != 1 {
-		return usagef("want one trajectory file: rollbox inspect TRAJECTORY.json, or rollbox inspect --serve DIR")
-	}
-	if *lines < 0 {
-		return usagef("--lines %d is negative", *lines)
-	}
-	var useColor bool
-	switch *color {
-	case "auto":
-		useColor = env.cfg.colorOutput(env.stdout)
-	case "always":
-		useColor = true
-	case "never":
-	default:
-		return usagef("--color %q is not one of auto, always, never", *color)
-	}
-	t, err := trajectory.Read(pos[0])
-	if err != nil {
-		return usagef("%v", err)
-	}
-	inspect.Render(env.stdout, t, inspect.Options{Color: useColor, Lines: *lines})
-	return nil
+	return cmd
 }
 
 func serveInspect(ctx context.Context, env *cliEnv, dir, addr string) error {

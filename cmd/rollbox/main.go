@@ -1,6 +1,12 @@
 // Command rollbox is the one binary of Rollbox: it runs rollouts, serves the
 // rollout API, executes commands in sandboxes, replays and inspects
 // trajectories, audits isolation and builds images.
+//
+// The command line is github.com/spf13/cobra's: GNU-style --flags anywhere
+// among the arguments (up to a `--`), help on stdout (`rollbox help CMD`,
+// `CMD --help`), `rollbox --version`, `rollbox completion bash|zsh|fish`.
+// Exit status: 0 ok, 1 a runtime failure, 2 bad input (nothing was
+// started); `rollbox exec` passes its command's status through.
 package main
 
 import (
@@ -10,8 +16,13 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"sort"
+	"regexp"
+	"runtime/debug"
+	"strings"
 	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // version is set by -ldflags "-X main.version=..." in release builds.
@@ -32,15 +43,10 @@ func (e *usageError) Error() string { return e.msg }
 func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
 
 // exitError carries a specific exit status (rollbox exec passes the
-// command's through).
+// command's through; an interrupted run exits 128+signal).
 type exitError struct{ code int }
 
 func (e *exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
-
-type command struct {
-	summary string
-	run     func(ctx context.Context, env *cliEnv, args []string) error
-}
 
 // cliEnv is what a command may touch of the outside world.
 type cliEnv struct {
@@ -50,53 +56,133 @@ type cliEnv struct {
 	// when the command starts.
 	getenv func(string) string
 	cfg    config
+	// signal is the signal that cancelled the command's context, when one
+	// did (main's signal handler sets it); nil otherwise.
+	signal func() os.Signal
 }
 
-func commands() map[string]command {
-	return map[string]command{
-		"version": {"print the version", runVersion},
-		"exec":    {"run one command in a fresh hardened sandbox", runExec},
-		"images":  {"build the images (container recipes base, python; wasm guests; the guest agent) or list them (rollbox images build [NAME...] | list)", runImages},
-		"gc":      {"remove what crashed rollbox processes left: containers, mounts, temp dirs, leases", runGC},
-		"audit":   {"prove a sandbox configuration's isolation with probes; verify-log checks an audit log", runAudit},
-		"index":   {"build, inspect or query a search index (rollbox index build --corpus FILE --out DIR)", runIndex},
-		"run":     {"run every task of a task file (× group) and write trajectories", runRun},
-		"inspect": {"show a trajectory in the terminal, or serve a run's episodes as a web page (rollbox inspect FILE | --serve DIR)", runInspect},
-		"replay":  {"re-execute a trajectory's tool calls and show where the results diverge (rollbox replay FILE [--until N] [--shell])", runReplay},
-		"serve":   {"serve the rollout HTTP API (rollbox serve [--addr 127.0.0.1:7070] [--data DIR])", runServe},
-		"export":  {"write trajectories as one JSONL or Parquet file (rollbox export --from DIR [--rollout ID] --format parquet --out FILE)", runExport},
-		"bench":   {"load-test the rollout service against a fake policy (rollbox bench --episodes N --turns M --latency D)", runBench},
+// Command groups, in the order `rollbox --help` lists them.
+var commandGroups = []*cobra.Group{
+	{ID: "episodes", Title: "Run episodes and look at what they did:"},
+	{ID: "sandboxes", Title: "Sandboxes, images and isolation:"},
+	{ID: "service", Title: "The rollout service:"},
+	{ID: "search", Title: "Search indexes:"},
+}
+
+// newRoot builds the command tree for one invocation.
+func newRoot(env *cliEnv) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "rollbox",
+		Short: "A rollout sandbox runtime for RL agents",
+		Long: `Rollbox runs agent episodes, each in its own isolated sandbox (a WASM instance,
+embedded, or a container on the local Docker engine), and records every episode
+as a trajectory with its reward.
+
+  rollbox run --tasks examples/coding/tasks.jsonl --policy scripted:examples/coding/policy.jsonl
+  rollbox inspect out/<rollout id>/episodes/<episode id>.json
+
+Docs: README.md and docs/ in the repository.`,
+		Version:       versionString(),
+		SilenceErrors: true,
+		SilenceUsage:  true,
 	}
+	root.SetVersionTemplate("rollbox {{.Version}}\n")
+	root.SetIn(env.stdin)
+	root.SetOut(env.stdout)
+	root.SetErr(env.stderr)
+	root.SetFlagErrorFunc(flagError)
+	root.AddGroup(commandGroups...)
+	for _, c := range []*cobra.Command{
+		newRunCmd(env), newReplayCmd(env), newInspectCmd(env), newExportCmd(env),
+	} {
+		c.GroupID = "episodes"
+		root.AddCommand(c)
+	}
+	for _, c := range []*cobra.Command{newExecCmd(env), newAuditCmd(env), newImagesCmd(env), newGCCmd(env)} {
+		c.GroupID = "sandboxes"
+		root.AddCommand(c)
+	}
+	for _, c := range []*cobra.Command{newServeCmd(env), newBenchCmd(env)} {
+		c.GroupID = "service"
+		root.AddCommand(c)
+	}
+	ix := newIndexCmd(env)
+	ix.GroupID = "search"
+	root.AddCommand(ix)
+	root.AddCommand(&cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fmt.Fprintf(env.stdout, "rollbox %s\n", versionString())
+			return nil
+		},
+	})
+	return root
 }
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, sig, stop := withSignals(context.Background(), os.Stderr)
 	defer stop()
-	env := &cliEnv{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr}
+	env := &cliEnv{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, signal: sig}
 	os.Exit(run(ctx, env, os.Args[1:]))
 }
 
-func run(ctx context.Context, env *cliEnv, args []string) int {
-	cmds := commands()
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		usage(env.stderr, cmds)
-		if len(args) == 0 {
-			return exitBadInput
+// withSignals returns a context that SIGINT or SIGTERM cancels, and the
+// signal that did (nil before one came). A second signal exits at once
+// with 128+its number.
+func withSignals(parent context.Context, stderr io.Writer) (context.Context, func() os.Signal, func()) {
+	ctx, cancel := context.WithCancel(parent)
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	var got os.Signal
+	received := make(chan struct{})
+	go func() {
+		s, ok := <-sigs
+		if !ok {
+			return
 		}
-		return exitOK
+		got = s
+		close(received)
+		fmt.Fprintf(stderr, "\nrollbox: %v: stopping (a second signal stops at once)\n", s)
+		cancel()
+		if s, ok = <-sigs; ok {
+			os.Exit(128 + signalNumber(s))
+		}
+	}()
+	which := func() os.Signal {
+		select {
+		case <-received:
+			return got
+		default:
+			return nil
+		}
 	}
-	c, ok := cmds[args[0]]
-	if !ok {
-		fmt.Fprintf(env.stderr, "rollbox: unknown command %q\n", args[0])
-		usage(env.stderr, cmds)
-		return exitBadInput
+	return ctx, which, func() { signal.Stop(sigs); close(sigs); cancel() }
+}
+
+// signalNumber is s's number (SIGINT 2, SIGTERM 15).
+func signalNumber(s os.Signal) int {
+	if n, ok := s.(syscall.Signal); ok {
+		return int(n)
 	}
+	return 0
+}
+
+// run executes one command line and returns the process's exit status.
+func run(ctx context.Context, env *cliEnv, args []string) int {
 	getenv := env.getenv
 	if getenv == nil {
 		getenv = os.Getenv
 	}
 	env.cfg = readConfig(getenv)
-	err := c.run(ctx, env, args[1:])
+	root := newRoot(env)
+	root.SetArgs(args)
+	// started is set once a command's own code runs: any error before it
+	// (an unknown command or flag, a missing argument) is bad input.
+	started := false
+	root.PersistentPreRun = func(*cobra.Command, []string) { started = true }
+	cmd, err := root.ExecuteContextC(ctx)
 	var ue *usageError
 	var ee *exitError
 	switch {
@@ -104,39 +190,99 @@ func run(ctx context.Context, env *cliEnv, args []string) int {
 		return exitOK
 	case errors.As(err, &ee):
 		return ee.code
-	case errors.As(err, &ue):
-		fmt.Fprintf(env.stderr, "rollbox %s: %v\n", args[0], err)
+	case errors.As(err, &ue) || !started:
+		fmt.Fprintf(env.stderr, "%s: %v\n", cmd.CommandPath(), err)
+		if !strings.Contains(err.Error(), "--help") {
+			fmt.Fprintf(env.stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
+		}
 		return exitBadInput
 	default:
-		fmt.Fprintf(env.stderr, "rollbox %s: %v\n", args[0], err)
+		fmt.Fprintf(env.stderr, "%s: %v\n", cmd.CommandPath(), err)
 		return exitFailure
 	}
 }
 
-func usage(w io.Writer, cmds map[string]command) {
-	fmt.Fprintln(w, "usage: rollbox COMMAND [flags]\n\ncommands:")
-	names := make([]string, 0, len(cmds))
-	for n := range cmds {
-		names = append(names, n)
+// singleDashLong matches pflag's error for a Go-style single-dash long flag
+// (-tasks), which it reads as the shorthands -t -a -s ...
+var singleDashLong = regexp.MustCompile(`in -([A-Za-z][-A-Za-z0-9]+)`)
+
+// flagError turns a flag parsing error into bad input, and points a
+// single-dash long flag at its two-dash spelling.
+func flagError(c *cobra.Command, err error) error {
+	if m := singleDashLong.FindStringSubmatch(err.Error()); m != nil {
+		name, _, _ := strings.Cut(m[1], "=")
+		if c.Flags().Lookup(name) != nil {
+			return usagef("-%s: long flags take two dashes: --%s", m[1], name)
+		}
 	}
-	sort.Strings(names)
-	for _, n := range names {
-		fmt.Fprintf(w, "  %-9s %s\n", n, cmds[n].summary)
-	}
-	fmt.Fprintln(w, "\nrun 'rollbox COMMAND -h' for a command's flags")
+	return usagef("%v", err)
 }
 
-func runVersion(ctx context.Context, env *cliEnv, args []string) error {
-	fmt.Fprintf(env.stdout, "rollbox %s\n", version)
+// noArgs is cobra.NoArgs with a message that names the words.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usagef("unexpected arguments: %s", strings.Join(args, " "))
+	}
 	return nil
 }
 
-// splitDashDash returns the flags before "--" and the words after it.
-func splitDashDash(args []string) (flags, rest []string, found bool) {
-	for i, a := range args {
-		if a == "--" {
-			return args[:i], args[i+1:], true
+// groupRunE is the RunE of a command that only holds subcommands (images,
+// index): without arguments it prints its help; an unknown subcommand is
+// bad input with cobra's suggestions.
+func groupRunE(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return cmd.Help()
+	}
+	msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+	if cmd.SuggestionsMinimumDistance <= 0 {
+		cmd.SuggestionsMinimumDistance = 2
+	}
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		msg += "; did you mean " + strings.Join(s, " or ") + "?"
+	}
+	var names []string
+	for _, c := range cmd.Commands() {
+		if c.IsAvailableCommand() {
+			names = append(names, c.Name())
 		}
 	}
-	return args, nil, false
+	return usagef("%s (commands: %s)", msg, strings.Join(names, ", "))
+}
+
+// versionString is the version and, for a build from a checkout (`go
+// install ./cmd/rollbox`), the commit it was built from.
+func versionString() string {
+	v := version
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return v
+	}
+	if v == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		v = bi.Main.Version
+	}
+	var rev, modified string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			modified = s.Value
+		}
+	}
+	parts := []string{bi.GoVersion}
+	if rev != "" {
+		c := "commit " + rev[:min(12, len(rev))]
+		if modified == "true" {
+			c += " with local changes"
+		}
+		parts = append(parts, c)
+	}
+	return fmt.Sprintf("%s (%s)", v, strings.Join(parts, ", "))
+}
+
+// flagChanged reports whether the user set the flag name on the command
+// line.
+func flagChanged(fs *pflag.FlagSet, name string) bool {
+	f := fs.Lookup(name)
+	return f != nil && f.Changed
 }

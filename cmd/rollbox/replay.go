@@ -4,15 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"regexp"
-	"strings"
 	"syscall"
 
+	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
 	"github.com/rollbox/rollbox/agent"
@@ -22,180 +21,166 @@ import (
 	"github.com/rollbox/rollbox/sandbox/docker"
 )
 
-// stringList is a repeatable flag.
-type stringList []string
+func newReplayCmd(env *cliEnv) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "replay TRAJECTORY.json [flags]",
+		Short: "Re-execute a trajectory's tool calls and show where the results diverge",
+		Long: `Recreate the sandbox a trajectory recorded (backend, image by digest, runtime,
+limits, pinned environment, the task's files), re-execute its tool calls in
+order and compare each result with the recorded one. Prints a line per step
+and stops at the first divergence with a diff.
 
-func (s *stringList) String() string     { return strings.Join(*s, ", ") }
-func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
-
-// parseInterspersed parses flags wherever they stand among the positional
-// arguments (rollbox replay FILE --until 3).
-func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		args = fs.Args()
-		if len(args) == 0 {
-			return pos, nil
-		}
-		if args[0] == "--" {
-			return append(pos, args[1:]...), nil
-		}
-		pos = append(pos, args[0])
-		args = args[1:]
+Exit status: 0 when everything matched, 1 at a divergence, 2 when the replay
+cannot start (nothing has run then).`,
+		Example: `  rollbox replay out/<rollout>/episodes/<episode>.json
+  rollbox replay EPISODE.json --until 7 --shell
+  rollbox replay EPISODE.json --until 7 --policy 'openai:http://127.0.0.1:8000/v1#model=NAME'`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usagef("want one trajectory file: rollbox replay TRAJECTORY.json [flags]")
+			}
+			return nil
+		},
 	}
-}
-
-func runReplay(ctx context.Context, env *cliEnv, args []string) error {
-	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
-	fs.SetOutput(env.stderr)
+	fs := cmd.Flags()
+	fs.SortFlags = false
 	until := fs.Int("until", -1, "stop after this step (a trajectory step index; default: replay everything)")
 	shell := fs.Bool("shell", false, "open an interactive shell in the sandbox where the replay stops")
-	policySpec := fs.String("policy", "", "go on live from --until with this policy: openai:BASE_URL[#model=NAME] (or scripted:FILE, replay:DIR)")
+	policySpec := fs.String("policy", "", "go on live from --until with this policy `SPEC`: openai:BASE_URL[#model=NAME] (or scripted:FILE, replay:DIR)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
-	out := fs.String("out", "", "keep the replay's own trajectory in this directory (default: discarded)")
-	base := fs.String("base", "", "directory the task's relative workspace and index paths resolve against (default: the current one)")
-	var ignore stringList
-	fs.Var(&ignore, "ignore", "a regular expression whose matches are masked before comparing (repeatable; e.g. timings)")
-	fs.Usage = func() {
-		fmt.Fprintln(env.stderr, "usage: rollbox replay TRAJECTORY.json [--until N] [--shell] [--policy openai:URL] [--json] [--ignore RE] [--out DIR]")
-		fs.PrintDefaults()
-	}
-	pos, err := parseInterspersed(fs, args)
-	if err != nil {
-		return usagef("%v", err)
-	}
-	if len(pos) != 1 {
-		return usagef("want one trajectory file: rollbox replay TRAJECTORY.json [flags]")
-	}
-	if *until < -1 {
-		return usagef("--until %d is negative", *until)
-	}
-	var masks []*regexp.Regexp
-	for _, s := range ignore {
-		re, err := regexp.Compile(s)
-		if err != nil {
-			return usagef("--ignore %q: %v", s, err)
+	out := fs.String("out", "", "keep the replay's own trajectory in `DIR` (default: discarded)")
+	base := fs.String("base", "", "resolve the task's relative workspace and index paths against `DIR` (default: the current directory)")
+	ignore := fs.StringArray("ignore", nil, "a regular expression (`RE`) whose matches are masked before comparing (repeatable)")
+	cmd.RunE = func(cmd *cobra.Command, pos []string) error {
+		ctx := cmd.Context()
+		if *until < -1 {
+			return usagef("--until %d is negative", *until)
 		}
-		masks = append(masks, re)
-	}
+		var masks []*regexp.Regexp
+		for _, s := range *ignore {
+			re, err := regexp.Compile(s)
+			if err != nil {
+				return usagef("--ignore %q: %v", s, err)
+			}
+			masks = append(masks, re)
+		}
 
-	// Everything that can refuse the replay is checked before anything runs.
-	tr, err := trajectory.Read(pos[0])
-	if err != nil {
-		if errors.Is(err, trajectory.ErrNewerSchema) {
-			return usagef("%s: %v", pos[0], err)
-		}
-		return usagef("%v", err)
-	}
-	task, err := replay.TaskOf(tr, *base)
-	if err != nil {
-		return usagef("%v", err)
-	}
-	if *until >= len(tr.Steps) {
-		return usagef("--until %d: the trajectory has steps 0..%d", *until, len(tr.Steps)-1)
-	}
-	var policy agent.Policy
-	var policyInfo trajectory.Policy
-	if *policySpec != "" {
-		if policy, policyInfo, err = openPolicy(*policySpec, []*agent.Task{task}, policyOptions{apiKey: env.cfg.openAIKey}); err != nil {
-			return usagef("--policy: %v", err)
-		}
-	}
-	indexes, err := openSearchIndexes([]*agent.Task{task})
-	if err != nil {
-		return usagef("%v (use --base DIR for the directory of the task file the run read)", err)
-	}
-	defer indexes.Close()
-	if err := sandbox.CheckBackend(tr.Sandbox.Backend); err != nil {
-		return usagef("%s: sandbox.backend %v", pos[0], err)
-	}
-	backend, err := openBackend(ctx, tr.Sandbox.Backend, env.stderr, backendOptions{cfg: env.cfg})
-	if err != nil {
-		return fmt.Errorf("backend %s: %w", tr.Sandbox.Backend, err)
-	}
-	defer backend.Close()
-	var image, note string
-	if imgs, ok := sandbox.Find[replay.Images](backend); ok {
-		image, note, err = replay.ResolveImage(ctx, imgs, task.Sandbox.Image, tr.Sandbox.ImageDigest)
+		// Everything that can refuse the replay is checked before anything runs.
+		tr, err := trajectory.Read(pos[0])
 		if err != nil {
-			if errors.Is(err, replay.ErrImageMissing) || errors.Is(err, replay.ErrImageChanged) || errors.Is(err, sandbox.ErrInvalidSpec) {
+			if errors.Is(err, trajectory.ErrNewerSchema) {
+				return usagef("%s: %v", pos[0], err)
+			}
+			return usagef("%v", err)
+		}
+		task, err := replay.TaskOf(tr, *base)
+		if err != nil {
+			return usagef("%v", err)
+		}
+		if *until >= len(tr.Steps) {
+			return usagef("--until %d: the trajectory has steps 0..%d", *until, len(tr.Steps)-1)
+		}
+		var policy agent.Policy
+		var policyInfo trajectory.Policy
+		if *policySpec != "" {
+			if policy, policyInfo, err = openPolicy(*policySpec, []*agent.Task{task}, policyOptions{apiKey: env.cfg.openAIKey}); err != nil {
+				return usagef("--policy: %v", err)
+			}
+		}
+		indexes, err := openSearchIndexes([]*agent.Task{task})
+		if err != nil {
+			return usagef("%v (use --base DIR for the directory of the task file the run read)", err)
+		}
+		defer indexes.Close()
+		if err := sandbox.CheckBackend(tr.Sandbox.Backend); err != nil {
+			return usagef("%s: sandbox.backend %v", pos[0], err)
+		}
+		backend, err := openBackend(ctx, tr.Sandbox.Backend, env.stderr, backendOptions{cfg: env.cfg})
+		if err != nil {
+			return fmt.Errorf("backend %s: %w", tr.Sandbox.Backend, err)
+		}
+		defer backend.Close()
+		var image, note string
+		if imgs, ok := sandbox.Find[replay.Images](backend); ok {
+			image, note, err = replay.ResolveImage(ctx, imgs, task.Sandbox.Image, tr.Sandbox.ImageDigest)
+			if err != nil {
+				if errors.Is(err, replay.ErrImageMissing) || errors.Is(err, replay.ErrImageChanged) || errors.Is(err, sandbox.ErrInvalidSpec) {
+					return usagef("%v", err)
+				}
+				return err
+			}
+		}
+
+		dir := *out
+		if dir == "" {
+			if dir, err = os.MkdirTemp("", "rollbox-replay-"); err != nil {
+				return err
+			}
+			defer os.RemoveAll(dir)
+		}
+		text := replay.Text{W: env.stdout, Color: env.cfg.colorOutput(env.stdout)}
+		shown := tr.Sandbox.ImageDigest
+		if shown == "" {
+			shown = tr.Sandbox.Image
+		}
+		var notes []string
+		if note != "" {
+			notes = append(notes, note)
+		}
+		if tr.Task != nil && task.Workspace != nil {
+			notes = append(notes, fmt.Sprintf("the workspace is copied from %s as it is now (the trajectory does not hold it)", task.WorkspacePath()))
+		}
+		if h := task.Hash(); tr.TaskHash != "" && h != tr.TaskHash {
+			notes = append(notes, fmt.Sprintf("the recorded task hashes to %s today, not %s: this rollbox reads it differently", h[:12], tr.TaskHash[:min(12, len(tr.TaskHash))]))
+		}
+		if !*asJSON {
+			text.Header(tr, shown, notes)
+		}
+		opts := replay.Options{
+			NewSandbox: func(ctx context.Context, name string, spec sandbox.Spec) (sandbox.Sandbox, error) {
+				return backend.Create(ctx, spec)
+			},
+			Image: image, Dir: dir, BaseDir: *base, Until: *until, Policy: policy, PolicyInfo: policyInfo,
+			Ignore: masks, Configure: indexes.configure,
+			KeepFinish: *shell && *until < 0 && policy == nil,
+		}
+		if !*asJSON {
+			opts.OnStep = text.Step
+		}
+		if *shell && policy == nil {
+			opts.AtStop = func(ctx context.Context, sb sandbox.Sandbox) error {
+				return openShell(ctx, env, sb)
+			}
+		}
+		report, err := replay.Episode(ctx, tr, opts)
+		if report != nil {
+			report.Notes = append(notes, report.Notes...)
+			if *out == "" {
+				report.Trajectory = ""
+			}
+			if *asJSON {
+				enc := json.NewEncoder(env.stdout)
+				enc.SetIndent("", "  ")
+				enc.Encode(report)
+			} else {
+				text.Summary(report)
+				if *out != "" {
+					fmt.Fprintf(env.stdout, "the replay's own trajectory: %s\n", report.Trajectory)
+				}
+			}
+		}
+		if err != nil {
+			if errors.Is(err, replay.ErrBadTrajectory) {
 				return usagef("%v", err)
 			}
 			return err
 		}
-	}
-
-	dir := *out
-	if dir == "" {
-		if dir, err = os.MkdirTemp("", "rollbox-replay-"); err != nil {
-			return err
+		if report.Diverged() {
+			return &exitError{exitFailure}
 		}
-		defer os.RemoveAll(dir)
+		return nil
 	}
-	text := replay.Text{W: env.stdout, Color: env.cfg.colorOutput(env.stdout)}
-	shown := tr.Sandbox.ImageDigest
-	if shown == "" {
-		shown = tr.Sandbox.Image
-	}
-	var notes []string
-	if note != "" {
-		notes = append(notes, note)
-	}
-	if tr.Task != nil && task.Workspace != nil {
-		notes = append(notes, fmt.Sprintf("the workspace is copied from %s as it is now (the trajectory does not hold it)", task.WorkspacePath()))
-	}
-	if h := task.Hash(); tr.TaskHash != "" && h != tr.TaskHash {
-		notes = append(notes, fmt.Sprintf("the recorded task hashes to %s today, not %s: this rollbox reads it differently", h[:12], tr.TaskHash[:min(12, len(tr.TaskHash))]))
-	}
-	if !*asJSON {
-		text.Header(tr, shown, notes)
-	}
-	opts := replay.Options{
-		NewSandbox: func(ctx context.Context, name string, spec sandbox.Spec) (sandbox.Sandbox, error) {
-			return backend.Create(ctx, spec)
-		},
-		Image: image, Dir: dir, BaseDir: *base, Until: *until, Policy: policy, PolicyInfo: policyInfo,
-		Ignore: masks, Configure: indexes.configure,
-		KeepFinish: *shell && *until < 0 && policy == nil,
-	}
-	if !*asJSON {
-		opts.OnStep = text.Step
-	}
-	if *shell && policy == nil {
-		opts.AtStop = func(ctx context.Context, sb sandbox.Sandbox) error {
-			return openShell(ctx, env, sb)
-		}
-	}
-	report, err := replay.Episode(ctx, tr, opts)
-	if report != nil {
-		report.Notes = append(notes, report.Notes...)
-		if *out == "" {
-			report.Trajectory = ""
-		}
-		if *asJSON {
-			enc := json.NewEncoder(env.stdout)
-			enc.SetIndent("", "  ")
-			enc.Encode(report)
-		} else {
-			text.Summary(report)
-			if *out != "" {
-				fmt.Fprintf(env.stdout, "the replay's own trajectory: %s\n", report.Trajectory)
-			}
-		}
-	}
-	if err != nil {
-		if errors.Is(err, replay.ErrBadTrajectory) {
-			return usagef("%v", err)
-		}
-		return err
-	}
-	if report.Diverged() {
-		return &exitError{exitFailure}
-	}
-	return nil
+	return cmd
 }
 
 // openShell gives the user a shell in sb: a real terminal in a container

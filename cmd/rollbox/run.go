@@ -3,15 +3,17 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/agent/trajectory"
@@ -20,91 +22,128 @@ import (
 	"github.com/rollbox/rollbox/tools"
 )
 
-func runRun(ctx context.Context, env *cliEnv, args []string) error {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	fs.SetOutput(env.stderr)
-	tasksFile := fs.String("tasks", "", "task file (JSONL, one task a line)")
-	policySpec := fs.String("policy", "", "scripted:FILE.jsonl | openai:BASE_URL[#model=NAME] | replay:DIR")
+func newRunCmd(env *cliEnv) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "run --tasks FILE --policy SPEC [flags]",
+		Short: "Run every task of a task file (× group) and write trajectories",
+		Long: `Run every task of a task file (JSONL, one task a line; docs/tasks.md) --group
+times, --concurrency episodes at once, each in a fresh sandbox, and write one
+trajectory per episode to OUT/episodes/<episode id>.json and OUT/summary.json.
+Progress goes to stderr.
+
+Exit status: 0 when every episode ran to a recorded end, whatever its reward;
+1 for a runtime failure; 2 for bad input (nothing is started).`,
+		Example: `  rollbox run --tasks examples/coding/tasks.jsonl --policy scripted:examples/coding/policy.jsonl --group 2
+  rollbox run --tasks tasks.jsonl --policy 'openai:http://127.0.0.1:8000/v1#model=Qwen3-8B' --group 8 --concurrency 64`,
+		Args: noArgs,
+	}
+	fs := cmd.Flags()
+	fs.SortFlags = false
+	tasksFile := fs.String("tasks", "", "task `FILE` (JSONL, one task a line; docs/tasks.md)")
+	policySpec := fs.String("policy", "", "the policy `SPEC`: scripted:FILE.jsonl | openai:BASE_URL[#model=NAME] | replay:DIR (docs/policies.md)")
 	backendName := fs.String("backend", "", "backend for tasks that name none: wasm (default) or docker")
 	group := fs.Int("group", 1, "episodes per task (GRPO group size)")
 	concurrency := fs.Int("concurrency", 4, "episodes in flight at once")
-	out := fs.String("out", "", "output directory (default out/<rollout id>)")
-	temperature := fs.Float64("temperature", -1, "sampling temperature sent to an openai policy (default: the server's)")
+	out := fs.String("out", "", "output `DIR` (default out/<rollout id>)")
+	var temperature optionalFloat
+	fs.Var(&temperature, "temperature", "sampling temperature sent to an openai policy (default: the server's)")
 	maxTokens := fs.Int64("max-tokens", 0, "max tokens per model turn sent to an openai policy")
-	auditLog := fs.String("audit-log", "", "append every sandbox call to this hash-chained log (default $ROLLBOX_AUDIT_LOG)")
+	auditLog := fs.String("audit-log", "", "append every sandbox call to this hash-chained log `FILE` (default $ROLLBOX_AUDIT_LOG)")
 	policyRetries := fs.Int("policy-retries", 0, "retries of a failed openai policy call (429, 5xx, timeouts) before the episode ends policy_error; 0 = the default 5, -1 = none")
 	policyTimeout := fs.Duration("policy-timeout", 0, "timeout of one openai policy call (default 10m)")
-	if err := fs.Parse(args); err != nil {
-		return usagef("%v", err)
-	}
-	if fs.NArg() > 0 {
-		return usagef("unexpected arguments: %v", fs.Args())
-	}
-	if *tasksFile == "" {
-		return usagef("--tasks FILE is required")
-	}
-	if *policySpec == "" {
-		return usagef("--policy is required: scripted:FILE.jsonl | openai:BASE_URL[#model=NAME] | replay:DIR")
-	}
-	if *group < 1 || *group > 4096 {
-		return usagef("--group %d is outside 1..4096", *group)
-	}
-	if *concurrency < 1 || *concurrency > 100000 {
-		return usagef("--concurrency %d is outside 1..100000", *concurrency)
-	}
-	if *backendName == "" {
-		*backendName = defaultBackend
-	}
-	if err := sandbox.CheckBackend(*backendName); err != nil {
-		return usagef("--backend %v", err)
-	}
-	tasks, err := agent.LoadTasks(*tasksFile, knownTool)
-	if err != nil {
-		return usagef("%v", err)
-	}
-	policy, info, err := openPolicy(*policySpec, tasks, policyOptions{retries: *policyRetries, timeout: *policyTimeout, apiKey: env.cfg.openAIKey})
-	if err != nil {
-		return usagef("--policy: %v", err)
-	}
-	indexes, err := openSearchIndexes(tasks)
-	if err != nil {
-		return usagef("%v", err)
-	}
-	defer indexes.Close()
-	var sampling agent.Sampling
-	if *temperature >= 0 {
-		sampling.Temperature = temperature
-	}
-	if *maxTokens > 0 {
-		sampling.MaxTokens = maxTokens
-	}
-	rolloutID := runtime.NewID("r")
-	if *out == "" {
-		*out = "out/" + rolloutID
-	}
-	backends := newBackendSet(env.stderr, env.cfg)
-	backends.opts.auditLog = *auditLog
-	defer backends.Close()
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		ctx := cmd.Context()
+		if *tasksFile == "" {
+			return usagef("--tasks FILE is required")
+		}
+		if *policySpec == "" {
+			return usagef("--policy is required: scripted:FILE.jsonl | openai:BASE_URL[#model=NAME] | replay:DIR")
+		}
+		if *group < 1 || *group > 4096 {
+			return usagef("--group %d is outside 1..4096", *group)
+		}
+		if *concurrency < 1 || *concurrency > 100000 {
+			return usagef("--concurrency %d is outside 1..100000", *concurrency)
+		}
+		if *backendName == "" {
+			*backendName = defaultBackend
+		}
+		if err := sandbox.CheckBackend(*backendName); err != nil {
+			return usagef("--backend %v", err)
+		}
+		tasks, err := agent.LoadTasks(*tasksFile, knownTool)
+		if err != nil {
+			return usagef("%v", err)
+		}
+		policy, info, err := openPolicy(*policySpec, tasks, policyOptions{retries: *policyRetries, timeout: *policyTimeout, apiKey: env.cfg.openAIKey})
+		if err != nil {
+			return usagef("--policy: %v", err)
+		}
+		indexes, err := openSearchIndexes(tasks)
+		if err != nil {
+			return usagef("%v", err)
+		}
+		defer indexes.Close()
+		var sampling agent.Sampling
+		if temperature.v != nil {
+			if *temperature.v < 0 {
+				return usagef("--temperature %v is negative", *temperature.v)
+			}
+			sampling.Temperature = temperature.v
+		}
+		if *maxTokens > 0 {
+			sampling.MaxTokens = maxTokens
+		}
+		rolloutID := runtime.NewID("r")
+		if *out == "" {
+			*out = "out/" + rolloutID
+		}
+		backends := newBackendSet(env.stderr, env.cfg)
+		backends.opts.auditLog = *auditLog
+		defer backends.Close()
 
-	total := len(tasks) * *group
-	prog := newProgress(env.stderr, total)
-	defer prog.stop()
-	fmt.Fprintf(env.stderr, "rollbox run: %d task(s) × %d = %d episode(s), concurrency %d, default backend %s, policy %s → %s\n",
-		len(tasks), *group, total, *concurrency, *backendName, info.Kind, *out)
-	sum, err := runtime.RunBatch(ctx, runtime.BatchConfig{
-		Tasks: tasks, Group: *group, Concurrency: *concurrency, OutDir: *out,
-		Backend: *backendName, NewSandbox: backends.create,
-		Policy: policy, PolicyInfo: info, Sampling: sampling, RolloutID: rolloutID,
-		OnEpisode: prog.episode, OnStep: prog.step, ConfigureEpisode: prog.counting(indexes.configure),
-	})
-	prog.stop()
-	if sum != nil {
-		fmt.Fprintf(env.stderr, "rollbox run: %d episode(s) in %.1fs: reward mean %.3f over %d scored, pass rate %.2f; ends %s; tool errors %s\n",
-			sum.Episodes, sum.WallTimeS, sum.RewardMean, sum.Scored, sum.PassRate, fmtCounts(sum.Ends), fmtCounts(sum.ToolErrors))
-		fmt.Fprintf(env.stderr, "rollbox run: wrote %s/episodes/ and %s/summary.json\n", *out, *out)
+		total := len(tasks) * *group
+		prog := newProgress(env.stderr, total)
+		defer prog.stop()
+		fmt.Fprintf(env.stderr, "rollbox run: %d task(s) × %d = %d episode(s), concurrency %d, default backend %s, policy %s → %s\n",
+			len(tasks), *group, total, *concurrency, *backendName, info.Kind, *out)
+		sum, err := runtime.RunBatch(ctx, runtime.BatchConfig{
+			Tasks: tasks, Group: *group, Concurrency: *concurrency, OutDir: *out,
+			Backend: *backendName, NewSandbox: backends.create,
+			Policy: policy, PolicyInfo: info, Sampling: sampling, RolloutID: rolloutID,
+			OnEpisode: prog.episode, OnStep: prog.step, ConfigureEpisode: prog.counting(indexes.configure),
+		})
+		prog.stop()
+		if sum != nil {
+			fmt.Fprintf(env.stderr, "rollbox run: %d episode(s) in %.1fs: reward mean %.3f over %d scored, pass rate %.2f; ends %s; tool errors %s\n",
+				sum.Episodes, sum.WallTimeS, sum.RewardMean, sum.Scored, sum.PassRate, fmtCounts(sum.Ends), fmtCounts(sum.ToolErrors))
+			fmt.Fprintf(env.stderr, "rollbox run: wrote %s/episodes/ and %s/summary.json\n", *out, *out)
+		}
+		return err
 	}
-	return err
+	return cmd
 }
+
+// optionalFloat is a float flag that may be left unset (nil).
+type optionalFloat struct{ v *float64 }
+
+func (f *optionalFloat) String() string {
+	if f.v == nil {
+		return ""
+	}
+	return strconv.FormatFloat(*f.v, 'g', -1, 64)
+}
+
+func (f *optionalFloat) Set(s string) error {
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return err
+	}
+	f.v = &v
+	return nil
+}
+
+func (f *optionalFloat) Type() string { return "float" }
 
 // knownTool validates a task's tool names: the builtins and the retrieval
 // tools (a task naming those needs a retriever, which validation checks).

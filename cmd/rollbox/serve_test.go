@@ -186,10 +186,16 @@ func TestBenchAgainstARunningService(t *testing.T) {
 	hs := httptest.NewServer(srv.Handler())
 	defer hs.Close()
 	defer hs.CloseClientConnections()
-	code, out, stderr := rollbox(t, "bench", "--url", hs.URL, "--episodes", "20", "--group", "10", "--turns", "3", "--latency", "5ms",
-		"--json", filepath.Join(t.TempDir(), "bench.json"))
+	code, out, stderr := rollbox(t, "bench", "--url", hs.URL, "--episodes", "20", "--group", "10", "--turns", "3", "--latency", "5ms")
 	if code != 0 || !strings.Contains(out, "completed           20/20") || !strings.Contains(out, "turn overhead") {
 		t.Fatalf("bench: exit %d\n%s\n%s", code, out, stderr)
+	}
+	code, out, stderr = rollbox(t, "bench", "--url", hs.URL, "--episodes", "10", "--group", "10", "--turns", "2", "--latency", "5ms", "--json")
+	var res struct {
+		Completed int `json:"completed"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); code != 0 || err != nil || res.Completed != 10 {
+		t.Fatalf("bench --json: exit %d, %v\n%s\n%s", code, err, out, stderr)
 	}
 }
 
