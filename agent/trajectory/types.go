@@ -78,9 +78,12 @@ type Trajectory struct {
 	Pinned        map[string]string `json:"pinned,omitempty"`
 	Steps         []Step            `json:"steps"`
 	ContextEvents []ContextEvent    `json:"context_events"`
-	Termination   *Termination      `json:"termination"`
-	Reward        *Reward           `json:"reward"`
-	Stats         Stats             `json:"stats"`
+	// Segments are the token sequences of a token-mode episode (derived
+	// from the steps: BuildSegments); absent in chat mode.
+	Segments    []Segment    `json:"segments,omitempty"`
+	Termination *Termination `json:"termination"`
+	Reward      *Reward      `json:"reward"`
+	Stats       Stats        `json:"stats"`
 	// Group is set on streamed episodes once their GRPO group completes.
 	Group *GroupStats `json:"group,omitempty"`
 }
@@ -108,6 +111,72 @@ type Policy struct {
 	Endpoint string          `json:"endpoint,omitempty"`
 	Model    string          `json:"model,omitempty"`
 	Sampling json.RawMessage `json:"sampling,omitempty"`
+	// Mode is ModeTokens for the token-in/token-out mode; empty (chat) otherwise.
+	Mode string `json:"mode,omitempty"`
+	// Tokenizer identifies the server's tokenizer and chat template (token mode).
+	Tokenizer *Tokenizer `json:"tokenizer,omitempty"`
+}
+
+// Policy modes.
+const (
+	ModeChat   = "chat"
+	ModeTokens = "tokens"
+)
+
+// Values of Step.Tokens.
+const (
+	TokensExact     = "exact"
+	TokensReported  = "reported"
+	TokensEstimated = "estimated"
+)
+
+// Tokenizer is the identity of a token-mode server's tokenizer, so a
+// trainer can check its own is the same before it trusts the ids.
+type Tokenizer struct {
+	// Model is the model the server serves; Revision what the server
+	// reports of its weights/tokenizer (its model card's revision or root
+	// path, and its version), empty when it reports nothing.
+	Model    string `json:"model"`
+	Revision string `json:"revision,omitempty"`
+	// Fingerprint is the sha256 (hex) of the ids the server renders for a
+	// fixed probe conversation: two servers with the same tokenizer and chat
+	// template give the same fingerprint.
+	Fingerprint string `json:"fingerprint"`
+	// Endpoint is the tokenizer endpoint used.
+	Endpoint string `json:"endpoint,omitempty"`
+	// CloseIDs are the ids the template puts after an assistant message's
+	// content (e.g. <|im_end|> and a newline): appended after a completion
+	// that did not sample them, with loss mask 0.
+	CloseIDs []int64 `json:"close_ids,omitempty"`
+}
+
+// Segment is one prefix-consistent token sequence of a token-mode episode:
+// each turn's prompt is a prefix of Ids, and Ids ends with the last turn's
+// completion. A segment starts at the first turn ("start") and wherever the
+// history the model sees was rewritten ("pruned", "context_truncated") or
+// the server's rendering of the new messages did not extend the sequence
+// ("template").
+type Segment struct {
+	StartTurn int     `json:"start_turn"`
+	EndTurn   int     `json:"end_turn"`
+	Reason    string  `json:"reason"`
+	Ids       []int64 `json:"ids"`
+	// LossMask has one entry per id: 1 on sampled ids, 0 on prompt, tool
+	// output and template ids.
+	LossMask []int8 `json:"loss_mask"`
+}
+
+// Segment reasons.
+const (
+	SegmentStart     = "start"
+	SegmentPruned    = "pruned"
+	SegmentTruncated = "context_truncated"
+	SegmentTemplate  = "template"
+)
+
+// SegmentReasons is the closed list of segment reasons.
+func SegmentReasons() []string {
+	return []string{SegmentStart, SegmentPruned, SegmentTruncated, SegmentTemplate}
 }
 
 // ToolCall is a call as the model made it: Arguments is the raw text;
@@ -138,11 +207,37 @@ type Step struct {
 	Usage             *Usage          `json:"usage,omitempty"`
 	Logprobs          json.RawMessage `json:"logprobs,omitempty"`
 	// PromptTokenIDs and CompletionTokenIDs are the server's own token ids,
-	// when it returned them.
+	// when it returned them (chat mode).
 	PromptTokenIDs     []int64         `json:"prompt_token_ids,omitempty"`
 	CompletionTokenIDs []int64         `json:"completion_token_ids,omitempty"`
 	Raw                json.RawMessage `json:"raw,omitempty"`
 	Attempts           int             `json:"attempts,omitempty"`
+	// Tokens says where the turn's token accounting comes from: TokensExact
+	// (token mode: the ids below are what the model saw and sampled),
+	// TokensReported (the server's usage) or TokensEstimated (Rollbox's
+	// estimate; no ids are ever made up).
+	Tokens string `json:"tokens,omitempty"`
+	// PolicyVersion is the trainer's policy version that produced the turn
+	// (the rollout's current version when the call was sent).
+	PolicyVersion string `json:"policy_version,omitempty"`
+	// Token mode. Segment is the index of the segment (Trajectory.Segments)
+	// the turn belongs to. The turn that starts a segment carries the whole
+	// prompt in PromptIDs and the reason in SegmentReason; a later turn
+	// carries only PromptDeltaIDs, the ids appended to the segment after the
+	// previous turn's completion (the template's closing and opening
+	// delimiters and the new tool/user messages, as the server rendered
+	// them): its prompt is the previous prompt + the previous CompletionIDs +
+	// PromptDeltaIDs. CompletionIDs are the sampled ids; Logprobs then holds
+	// one number per completion id (LogprobsAbsent when the server sent
+	// none). TokensError says how the server's ids disagreed with the prompt
+	// it was given (the episode then ended policy_error).
+	Segment        *int    `json:"segment,omitempty"`
+	SegmentReason  string  `json:"segment_reason,omitempty"`
+	PromptIDs      []int64 `json:"prompt_ids,omitempty"`
+	PromptDeltaIDs []int64 `json:"prompt_delta_ids,omitempty"`
+	CompletionIDs  []int64 `json:"completion_ids,omitempty"`
+	LogprobsAbsent bool    `json:"logprobs_absent,omitempty"`
+	TokensError    string  `json:"tokens_error,omitempty"`
 
 	// Tool result fields.
 	CallID string `json:"call_id,omitempty"`
@@ -282,6 +377,9 @@ type Stats struct {
 	PolicyMS         float64        `json:"policy_ms"`
 	ToolMS           float64        `json:"tool_ms"`
 	DurationMS       float64        `json:"duration_ms"`
+	// PolicyVersions counts model turns by the policy version that
+	// produced them (absent when no turn carried a version).
+	PolicyVersions map[string]int `json:"policy_versions,omitempty"`
 }
 
 // GroupStats are GRPO statistics of the episode's group.

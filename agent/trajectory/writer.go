@@ -159,6 +159,7 @@ func (w *Writer) End(term *Termination, reward *Reward, stats Stats) error {
 	w.ended = true
 	now := time.Now().UTC()
 	w.t.Termination, w.t.Reward, w.t.Stats, w.t.EndedAt = term, reward, stats, &now
+	w.t.Segments, _ = BuildSegments(w.t.Steps) // the steps are the record; a bad segment leaves none
 	if err := w.append(lineEnd, endRecord{term, reward, stats, now}); err != nil {
 		w.closeJournal()
 		return err
@@ -265,6 +266,7 @@ func Recover(partial string) (*Trajectory, error) {
 		t.Reward = nil
 		t.Stats = statsOf(t)
 	}
+	t.Segments, _ = BuildSegments(t.Steps)
 	return t, nil
 }
 
@@ -279,6 +281,12 @@ func statsOf(t *Trajectory) Stats {
 			if s.Usage != nil {
 				st.PromptTokens += s.Usage.PromptTokens
 				st.CompletionTokens += s.Usage.CompletionTokens
+			}
+			if s.PolicyVersion != "" {
+				if st.PolicyVersions == nil {
+					st.PolicyVersions = map[string]int{}
+				}
+				st.PolicyVersions[s.PolicyVersion]++
 			}
 		case StepTool:
 			st.ToolCalls++
