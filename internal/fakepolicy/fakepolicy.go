@@ -46,13 +46,25 @@ type Config struct {
 	Record bool
 	// MaxBodyBytes caps a request body; 64 MiB when zero.
 	MaxBodyBytes int64
+	// NoTokenizer leaves out the token endpoints' tokenizer (/tokenize and
+	// /detokenize answer 404), as a server that has none.
+	NoTokenizer bool
+	// Revision is reported as the model's "revision" in /v1/models;
+	// FakeRevision when empty.
+	Revision string
 }
 
 // Request is a chat-completions request as the server received it.
 type Request struct {
-	Model    string
+	Model string
+	// Endpoint is "chat" (chat completions) or "completions" (token mode).
+	Endpoint string
 	Messages []Message
-	Tools    []Tool
+	// PromptIDs and Prompt are a completions request's prompt as token ids
+	// and as the text they decode to: the text the server saw.
+	PromptIDs []int64
+	Prompt    string
+	Tools     []Tool
 	// Logprobs, ReturnTokensAsTokenIDs and ReturnTokenIDs are the request's
 	// logprobs, return_tokens_as_token_ids and return_token_ids.
 	Logprobs               bool
@@ -128,6 +140,12 @@ type Fault struct {
 	EmptyChoices bool
 	// Disconnect closes the connection without answering.
 	Disconnect bool
+	// EchoWrongPrompt (completions) reports prompt ids and a prompt token
+	// count that are not the prompt it was sent, as a server that
+	// re-tokenized it would.
+	EchoWrongPrompt bool
+	// OmitLogprobs (completions) sends no logprobs even when asked.
+	OmitLogprobs bool
 }
 
 // FailFirst returns a Config.Fault that sends f for the first k calls.
@@ -172,6 +190,8 @@ type Server struct {
 	srv   *http.Server
 	calls atomic.Int64
 	ids   atomic.Int64
+	// tokenizeCalls counts /tokenize requests.
+	tokenizeCalls atomic.Int64
 
 	closeOnce sync.Once
 	closeErr  error
@@ -196,6 +216,9 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.Responder == nil {
 		cfg.Responder = func(*Request) Reply { return Reply{Content: "ok"} }
 	}
+	if cfg.Revision == "" {
+		cfg.Revision = FakeRevision
+	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 64 << 20
 	}
@@ -207,6 +230,11 @@ func Start(cfg Config) (*Server, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", s.chatCompletions)
 	mux.HandleFunc("POST /chat/completions", s.chatCompletions)
+	mux.HandleFunc("POST /v1/completions", s.completions)
+	if !cfg.NoTokenizer {
+		mux.HandleFunc("POST /tokenize", s.tokenize)
+		mux.HandleFunc("POST /detokenize", s.detokenize)
+	}
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	s.srv = &http.Server{
@@ -224,9 +252,12 @@ func Start(cfg Config) (*Server, error) {
 // URL is the server's base URL for an OpenAI client, ending in /v1.
 func (s *Server) URL() string { return "http://" + s.ln.Addr().String() + "/v1" }
 
-// Calls counts the chat-completions requests received, failed ones
-// included.
+// Calls counts the chat-completions and completions requests received,
+// failed ones included.
 func (s *Server) Calls() int64 { return s.calls.Load() }
+
+// TokenizeCalls counts the /tokenize requests received.
+func (s *Server) TokenizeCalls() int64 { return s.tokenizeCalls.Load() }
 
 // Requests returns the requests received so far, in arrival order, when
 // Config.Record is set.
@@ -249,7 +280,8 @@ func (s *Server) Close() error {
 func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{
 		"object": "list",
-		"data":   []map[string]any{{"id": s.cfg.Model, "object": "model", "owned_by": "fakepolicy"}},
+		"data": []map[string]any{{"id": s.cfg.Model, "object": "model", "owned_by": "fakepolicy",
+			"root": "fakepolicy/" + s.cfg.Model, "revision": s.cfg.Revision}},
 	})
 }
 
@@ -387,6 +419,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	}
 	req := &Request{
 		Model:                  wr.Model,
+		Endpoint:               "chat",
 		Messages:               make([]Message, len(wr.Messages)),
 		Logprobs:               wr.Logprobs,
 		ReturnTokensAsTokenIDs: wr.ReturnTokensAsTokenIDs,
