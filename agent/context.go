@@ -12,8 +12,9 @@ import (
 )
 
 // applyPruneLocked replaces the text of each pruned document in earlier
-// messages with a short placeholder, so the policy no longer sees it.
-func (s *Session) applyPruneLocked(ids []string) {
+// messages with a short placeholder, so the policy no longer sees it. It
+// reports whether any message changed.
+func (s *Session) applyPruneLocked(ids []string) (changed bool) {
 	for i := range s.messages {
 		m := &s.messages[i]
 		if m.Role != RoleTool {
@@ -32,9 +33,11 @@ func (s *Session) applyPruneLocked(ids []string) {
 				}
 				b += a + len(close)
 				m.Content = m.Content[:a] + tools.Pruned(id) + m.Content[b:]
+				changed = true
 			}
 		}
 	}
+	return changed
 }
 
 // EstimateTokens is Rollbox's token estimate when the server reports no
@@ -91,6 +94,7 @@ func (s *Session) fitContextLocked(ctx context.Context) error {
 			}
 			before := messageTokens(*m)
 			m.Content = "[removed to fit the context budget]"
+			s.restartSegmentLocked(trajectory.SegmentTruncated)
 			if err := s.event(trajectory.ContextEvent{Step: last, Kind: "context_truncated",
 				Detail: fmt.Sprintf("tool output of message %d removed to fit max_context_tokens %d", i, limit), Tokens: before - messageTokens(*m)}); err != nil {
 				return s.failRecord(err)

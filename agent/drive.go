@@ -65,7 +65,7 @@ func (s *Session) Drive(ctx context.Context, p Policy) (*trajectory.Trajectory, 
 		pctx, cancel := context.WithDeadline(ctx, s.deadline)
 		turn, err := p.Next(pctx, Request{
 			EpisodeID: s.cfg.EpisodeID, TaskID: s.task.ID, Turn: s.Turn(),
-			Messages: s.Messages(), Tools: s.Tools(), Sampling: s.cfg.Sampling,
+			Messages: s.Messages(), Tools: s.Tools(), Sampling: s.cfg.Sampling, Tokens: s.TokenContext(),
 		})
 		cancel()
 		if err != nil {

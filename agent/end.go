@@ -32,7 +32,11 @@ func (s *Session) endCtx(ctx context.Context, err error) error {
 	case errors.Is(err, errEpisodeTimeout) || errors.Is(err, context.DeadlineExceeded):
 		return s.end(ctx, trajectory.EndEpisodeTimeout, fmt.Sprintf("episode_timeout_s %v passed", s.task.Limits.EpisodeTimeoutS))
 	default:
-		return s.end(ctx, trajectory.EndCancelled, "cancelled: "+err.Error())
+		msg := err.Error()
+		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+			msg = cause.Error() // why the caller cancelled (a stale policy version, ...)
+		}
+		return s.end(ctx, trajectory.EndCancelled, "cancelled: "+msg)
 	}
 }
 

@@ -20,6 +20,13 @@ func TestTheTrajectorySchemaListsTheSameErrorKindsAndEnds(t *testing.T) {
 			ErrorKind enum `json:"error_kind"`
 		} `json:"$defs"`
 		Properties struct {
+			Segments struct {
+				Items struct {
+					Properties struct {
+						Reason enum `json:"reason"`
+					} `json:"properties"`
+				} `json:"items"`
+			} `json:"segments"`
 			Termination struct {
 				Properties struct {
 					Reason enum `json:"reason"`
@@ -46,6 +53,14 @@ func TestTheTrajectorySchemaListsTheSameErrorKindsAndEnds(t *testing.T) {
 	}
 	if !slices.Equal(kinds, want) {
 		t.Errorf("schema error_kind %v, tools.ErrorKinds %v", kinds, want)
+	}
+	var segs []string
+	for _, v := range schema.Properties.Segments.Items.Properties.Reason.Enum {
+		s, _ := v.(string)
+		segs = append(segs, s)
+	}
+	if !slices.Equal(segs, trajectory.SegmentReasons()) {
+		t.Errorf("schema segment reason %v, trajectory.SegmentReasons %v", segs, trajectory.SegmentReasons())
 	}
 	if !slices.Equal(ends, trajectory.EndReasons()) {
 		t.Errorf("schema reason %v, trajectory.EndReasons %v", ends, trajectory.EndReasons())

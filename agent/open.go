@@ -196,6 +196,7 @@ func open(ctx context.Context, cfg Config) (_ *Session, err error) {
 		pinned = Pins(t, cfg.Seed, cfg.EpisodeID)
 	}
 	s := &Session{cfg: cfg, task: t, start: time.Now()}
+	s.tok = tokenState{on: pi.Mode == trajectory.ModeTokens, segment: -1, restart: trajectory.SegmentStart}
 	s.deadline = s.start.Add(time.Duration(t.Limits.EpisodeTimeoutS * float64(time.Second)))
 	s.stats.ToolErrors = map[string]int{}
 	rec := &trajectory.Trajectory{

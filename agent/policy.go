@@ -22,6 +22,10 @@ type Message struct {
 	ToolCalls  []ToolCall `json:"tool_calls,omitempty"`
 	ToolCallID string     `json:"tool_call_id,omitempty"`
 	Name       string     `json:"name,omitempty"`
+	// Text is an assistant message's completion text exactly as sampled
+	// (token mode): a token-mode policy renders it in place of Content and
+	// ToolCalls, so a re-rendered history shows the model its own words.
+	Text string `json:"-"`
 }
 
 // ToolCall is one function call the model asked for. Arguments is the raw
@@ -65,6 +69,39 @@ type Request struct {
 	Messages []Message
 	Tools    []ToolSchema
 	Sampling Sampling
+	// Tokens is set in token mode: the token sequence the turn continues.
+	Tokens *TokenContext
+}
+
+// TokenContext is what a token-mode policy continues (Request.Tokens).
+type TokenContext struct {
+	// Prefix is the current segment's ids: the previous turn's prompt and
+	// completion. Nil starts a new segment: the policy has the server
+	// render the whole of Messages.
+	Prefix []int64
+	// New is the index in Messages of the first message Prefix does not
+	// hold (the tool results and user messages since the last turn).
+	New int
+}
+
+// TurnTokens are a token-mode turn's ids as sent and as the server
+// answered (Turn.Tokens).
+type TurnTokens struct {
+	// Prompt is the prompt sent, as ids. It extends Request.Tokens.Prefix
+	// unless the policy had to render the whole conversation again, which
+	// SegmentReason then says (trajectory.SegmentTemplate).
+	Prompt        []int64
+	SegmentReason string
+	// Completion are the sampled ids.
+	Completion []int64
+	// Logprobs has one entry per Completion id; nil when the server sent
+	// none.
+	Logprobs []float64
+	// EchoedPrompt and LogprobIDs are what the server said of the prompt and
+	// of the sampled tokens, when it said anything (nil otherwise): the
+	// session checks them against Prompt and Completion.
+	EchoedPrompt []int64
+	LogprobIDs   []int64
 }
 
 // Usage is the token accounting a server reports.
@@ -109,6 +146,13 @@ type Turn struct {
 	Latency time.Duration `json:"latency"`
 	// Attempts counts calls made, retries included.
 	Attempts int `json:"attempts,omitempty"`
+	// Tokens are the ids of a token-mode turn; nil in chat mode.
+	Tokens *TurnTokens `json:"-"`
+	// Text is the completion text as sampled (token mode).
+	Text string `json:"-"`
+	// PolicyVersion is the trainer's policy version current when the call
+	// was sent (set by the runtime).
+	PolicyVersion string `json:"-"`
 }
 
 // Policy produces the next assistant turn. Implementations retry what is

@@ -48,6 +48,35 @@ type Session struct {
 	spec    sandbox.Spec
 	ended   bool
 	tr      *trajectory.Trajectory
+	tok     tokenState
+}
+
+// tokenState is a token-mode episode's place in its token sequence.
+type tokenState struct {
+	on bool
+	// segment is the current segment's index (-1 before the first turn);
+	// ids its ids so far (the last turn's prompt and completion); msgs the
+	// number of messages they hold.
+	segment int
+	ids     []int64
+	msgs    int
+	// restart, when set, makes the next turn start a new segment, for that
+	// reason (start, pruned, context_truncated).
+	restart string
+}
+
+// TokenContext is the token sequence the next turn continues (token
+// mode), nil in chat mode.
+func (s *Session) TokenContext() *TokenContext {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.tok.on {
+		return nil
+	}
+	if s.tok.restart != "" {
+		return &TokenContext{}
+	}
+	return &TokenContext{Prefix: s.tok.ids, New: s.tok.msgs}
 }
 
 // Messages returns the conversation as the policy will see it next.
@@ -147,11 +176,18 @@ func (s *Session) stepLocked(ctx context.Context, turn Turn) ([]ToolOutcome, err
 		}
 		step.ToolCalls = append(step.ToolCalls, tc)
 	}
-	if turn.Usage != nil {
+	switch {
+	case turn.Usage != nil:
 		step.Usage = &trajectory.Usage{PromptTokens: turn.Usage.PromptTokens, CompletionTokens: turn.Usage.CompletionTokens, TotalTokens: turn.Usage.TotalTokens}
 		s.stats.PromptTokens += turn.Usage.PromptTokens
 		s.stats.CompletionTokens += turn.Usage.CompletionTokens
-	} else {
+	case s.tok.on && turn.Tokens != nil:
+		// The ids are the count: nothing to estimate.
+		n, c := int64(len(turn.Tokens.Prompt)), int64(len(turn.Tokens.Completion))
+		step.Usage = &trajectory.Usage{PromptTokens: n, CompletionTokens: c, TotalTokens: n + c}
+		s.stats.PromptTokens += n
+		s.stats.CompletionTokens += c
+	default:
 		c := EstimateTokens(turn.Content)
 		for _, tc := range turn.ToolCalls {
 			c += EstimateTokens(tc.Name) + EstimateTokens(tc.Arguments)
@@ -160,18 +196,47 @@ func (s *Session) stepLocked(ctx context.Context, turn Turn) ([]ToolOutcome, err
 		step.Usage.TotalTokens = step.Usage.PromptTokens + c
 		s.stats.CompletionTokens += c
 	}
+	step.Tokens = trajectory.TokensEstimated
+	if turn.Usage != nil {
+		step.Tokens = trajectory.TokensReported
+	}
 	if len(turn.Logprobs) > 0 {
 		step.Logprobs, _ = json.Marshal(turn.Logprobs)
 	}
 	step.PromptTokenIDs, step.CompletionTokenIDs = turn.PromptTokenIDs, turn.CompletionTokenIDs
-	if _, err := s.record(step); err != nil {
+	var tokensErr string
+	if s.tok.on {
+		tokensErr = s.tokenStepLocked(&step, turn)
+	}
+	if v := turn.PolicyVersion; v != "" {
+		step.PolicyVersion = v
+		if s.stats.PolicyVersions == nil {
+			s.stats.PolicyVersions = map[string]int{}
+		}
+		s.stats.PolicyVersions[v]++
+	}
+	recorded, err := s.record(step)
+	if err != nil {
 		return nil, s.failRecord(err)
 	}
 	s.stats.Turns++
 	s.stats.PolicyMS += ms(turn.Latency)
 	s.turn++
-	msg := Message{Role: RoleAssistant, Content: turn.Content, ToolCalls: turn.ToolCalls}
+	if step.SegmentReason != "" && step.SegmentReason != trajectory.SegmentStart {
+		if err := s.event(trajectory.ContextEvent{Step: recorded.Index, Kind: "segment",
+			Detail: fmt.Sprintf("turn %d starts token segment %d (%s): %s", step.Turn, *step.Segment, step.SegmentReason, segmentWhy(step.SegmentReason))}); err != nil {
+			return nil, s.failRecord(err)
+		}
+	}
+	if tokensErr != "" {
+		// The ids cannot be trusted: recorded, never scored.
+		return nil, s.end(ctx, trajectory.EndPolicyError, "token ids: "+tokensErr)
+	}
+	msg := Message{Role: RoleAssistant, Content: turn.Content, ToolCalls: turn.ToolCalls, Text: turn.Text}
 	s.messages = append(s.messages, msg)
+	if s.tok.on {
+		s.tok.msgs = len(s.messages)
+	}
 	if turn.Usage != nil && turn.Usage.TotalTokens > 0 {
 		s.lastUsage, s.lastUsageMsgs = turn.Usage.TotalTokens, len(s.messages)
 	}
@@ -298,7 +363,9 @@ func (s *Session) runCall(ctx context.Context, call ToolCall) (ToolOutcome, erro
 			s.seenIDs = append(s.seenIDs, e.IDs...)
 		case "pruned":
 			s.pruneSizes = append(s.pruneSizes, len(e.IDs))
-			s.applyPruneLocked(e.IDs)
+			if s.applyPruneLocked(e.IDs) {
+				s.restartSegmentLocked(trajectory.SegmentPruned)
+			}
 		}
 	}
 	s.messages = append(s.messages, Message{Role: RoleTool, ToolCallID: call.ID, Name: call.Name, Content: text})

@@ -58,12 +58,16 @@ type Config struct {
 	// HTTPClient, when set, carries the requests; by default a client with
 	// a connection pool sized for many concurrent episodes.
 	HTTPClient *http.Client
+	// TokenizeURL is the tokenizer endpoint of the token mode (NewTokens);
+	// by default /tokenize at the root of BaseURL (without its /v1).
+	TokenizeURL string
 }
 
 // Policy asks an OpenAI-compatible server for assistant turns. It is safe
 // for concurrent use.
 type Policy struct {
 	client        sdk.Client
+	httpClient    *http.Client
 	baseURL       string
 	endpoint      string
 	model         string
@@ -114,6 +118,7 @@ func New(cfg Config) (*Policy, error) {
 		tr.MaxIdleConnsPerHost = 1024
 		httpClient = &http.Client{Transport: tr}
 	}
+	p.httpClient = httpClient
 	p.client = sdk.NewClient(
 		option.WithBaseURL(p.baseURL+"/"),
 		option.WithAPIKey(key),
@@ -157,33 +162,60 @@ func (p *Policy) Next(ctx context.Context, req agent.Request) (agent.Turn, error
 	if err != nil {
 		return turn, &CallError{Endpoint: p.endpoint, Model: p.model, Message: err.Error()}
 	}
+	res, err := p.call(ctx, p.endpoint, func(ctx context.Context, opts ...option.RequestOption) error {
+		_, err := p.client.Chat.Completions.New(ctx, params, opts...)
+		return err
+	})
+	turn.Attempts, turn.Latency, turn.Raw = res.attempts, time.Since(start), res.raw()
+	if err != nil {
+		return turn, err
+	}
+	t, err := decodeResponse(res.body, req.Turn)
+	if err != nil {
+		return turn, &CallError{Endpoint: p.endpoint, Model: p.model, StatusCode: res.status, Attempts: res.attempts, Message: err.Error()}
+	}
+	t.Raw, t.Attempts, t.Latency = turn.Raw, turn.Attempts, turn.Latency
+	return t, nil
+}
+
+// callResult is the last attempt of a call: its status and body, and the
+// number of attempts made.
+type callResult struct {
+	status   int
+	body     []byte
+	attempts int
+}
+
+// raw is the body when it is JSON.
+func (r callResult) raw() json.RawMessage {
+	if json.Valid(r.body) {
+		return json.RawMessage(r.body)
+	}
+	return nil
+}
+
+// call makes one request to endpoint with do, retrying what is worth
+// retrying (see Next): do runs the request with the options that capture
+// the response. The error is a *CallError, or wraps ctx's cause when ctx
+// ended first.
+func (p *Policy) call(ctx context.Context, endpoint string, do func(context.Context, ...option.RequestOption) error) (callResult, error) {
 	for attempt := 1; ; attempt++ {
-		turn.Attempts = attempt
-		res := p.attempt(ctx, params)
-		turn.Latency = time.Since(start)
+		res := p.attempt(ctx, do)
+		out := callResult{status: res.status, body: res.body, attempts: attempt}
 		if ctx.Err() != nil {
-			return turn, p.cancelled(ctx, attempt)
-		}
-		turn.Raw = nil
-		if json.Valid(res.body) {
-			turn.Raw = json.RawMessage(res.body)
+			return out, p.cancelled(ctx, endpoint, attempt)
 		}
 		if res.fail == nil {
-			t, err := decodeResponse(res.body, req.Turn)
-			if err != nil {
-				return turn, &CallError{Endpoint: p.endpoint, Model: p.model, StatusCode: res.status, Attempts: attempt, Message: err.Error()}
-			}
-			t.Raw, t.Attempts, t.Latency = turn.Raw, turn.Attempts, turn.Latency
-			return t, nil
+			return out, nil
 		}
 		fail := res.fail
-		fail.Endpoint, fail.Model, fail.Attempts = p.endpoint, p.model, attempt
+		fail.Endpoint, fail.Model, fail.Attempts = endpoint, p.model, attempt
 		if !res.retryable {
-			return turn, fail
+			return out, fail
 		}
 		if attempt > p.maxRetries {
 			fail.RetriesExhausted = true
-			return turn, fail
+			return out, fail
 		}
 		wait := p.backoff(attempt, res.retryAfter)
 		t := time.NewTimer(wait)
@@ -191,14 +223,13 @@ func (p *Policy) Next(ctx context.Context, req agent.Request) (agent.Turn, error
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			turn.Latency = time.Since(start)
-			return turn, p.cancelled(ctx, attempt)
+			return out, p.cancelled(ctx, endpoint, attempt)
 		}
 	}
 }
 
-func (p *Policy) cancelled(ctx context.Context, attempts int) error {
-	return fmt.Errorf("openai: POST %s stopped after %d attempt(s): %w", p.endpoint, attempts, context.Cause(ctx))
+func (p *Policy) cancelled(ctx context.Context, endpoint string, attempts int) error {
+	return fmt.Errorf("openai: POST %s stopped after %d attempt(s): %w", endpoint, attempts, context.Cause(ctx))
 }
 
 // backoff is the wait before retry number attempt (1 for the first):
@@ -226,14 +257,14 @@ type attemptResult struct {
 	retryAfter time.Duration
 }
 
-func (p *Policy) attempt(ctx context.Context, params sdk.ChatCompletionNewParams) attemptResult {
+func (p *Policy) attempt(ctx context.Context, do func(context.Context, ...option.RequestOption) error) attemptResult {
 	actx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
 	var (
 		body []byte
 		resp *http.Response
 	)
-	_, err := p.client.Chat.Completions.New(actx, params,
+	err := do(actx,
 		option.WithResponseBodyInto(&body),
 		option.WithResponseInto(&resp),
 	)
