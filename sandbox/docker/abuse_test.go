@@ -85,12 +85,12 @@ var quick struct {
 	err  error
 }
 
-// quickBackend is the tests' engine with a liveness timeout of 3 s instead
+// quickBackend is the tests' engine with a liveness timeout of 5 s instead
 // of 10, so a frozen guest costs the suite less.
 func quickBackend(t *testing.T) *docker.Backend {
 	need(t)
 	quick.once.Do(func() {
-		quick.b, quick.err = docker.New(context.Background(), docker.Options{GuestPath: env.guest, Owner: testOwner, GuestTimeout: 3 * time.Second})
+		quick.b, quick.err = docker.New(context.Background(), docker.Options{GuestPath: env.guest, Owner: testOwner, GuestTimeout: 5 * time.Second})
 	})
 	if quick.err != nil {
 		t.Fatal(quick.err)
