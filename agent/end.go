@@ -180,7 +180,7 @@ func (v *verifierSandbox) Close() error {
 }
 
 func abuseReward(detail string) *trajectory.Reward {
-	return &trajectory.Reward{Total: 0, Components: map[string]float64{trajectory.AbuseComponent: 0}, Details: []string{detail}}
+	return &trajectory.Reward{Total: trajectory.Score(0), Components: map[string]float64{trajectory.AbuseComponent: 0}, Details: []string{detail}}
 }
 
 // closeSandbox closes the episode's sandbox (idempotent) and keeps the

@@ -93,7 +93,7 @@ func TestAnEpisodeThatFixesTheCodePassesItsTests(t *testing.T) {
 	if tr.Termination.Reason != trajectory.EndFinished || *tr.Termination.Answer != "fixed" {
 		t.Fatalf("termination = %+v", tr.Termination)
 	}
-	if tr.Reward == nil || tr.Reward.Total != 1 || tr.Reward.Components["tests"] != 1 {
+	if tr.Reward == nil || *tr.Reward.Total != 1 || tr.Reward.Components["tests"] != 1 {
 		t.Fatalf("reward = %+v", tr.Reward)
 	}
 	steps := toolSteps(tr)
@@ -124,7 +124,7 @@ func TestAnAgentThatRewritesTheTestsDoesNotPass(t *testing.T) {
 	if steps := toolSteps(tr); kindOf(steps[1]) != "" {
 		t.Fatalf("the rigged test should pass inside the episode: %q", steps[1].Output)
 	}
-	if tr.Reward == nil || tr.Reward.Total != 0 {
+	if tr.Reward == nil || *tr.Reward.Total != 0 {
 		t.Fatalf("reward = %+v, want 0: the verifier must run the task's own tests", tr.Reward)
 	}
 	v := tr.Reward.Verifier
@@ -164,7 +164,7 @@ func TestBadToolCallsAreRecordedAndTheEpisodeGoesOn(t *testing.T) {
 	if steps[4].Output != "one\ntwo\n" || *steps[5].ExitCode != 3 {
 		t.Errorf("parallel calls: %q / %v", steps[4].Output, steps[5].ExitCode)
 	}
-	if tr.Reward == nil || tr.Reward.Total != 0 {
+	if tr.Reward == nil || *tr.Reward.Total != 0 {
 		t.Errorf("a max_turns episode is scored: %+v", tr.Reward)
 	}
 	if tr.Stats.ToolErrors[string(tools.KindBadArguments)] != 3 {

@@ -66,3 +66,36 @@ func TestTheTrajectorySchemaListsTheSameErrorKindsAndEnds(t *testing.T) {
 		t.Errorf("schema reason %v, trajectory.EndReasons %v", ends, trajectory.EndReasons())
 	}
 }
+
+// The schema's reward error kinds and monitors are the code's lists.
+func TestTheTrajectorySchemaListsTheSameRewardErrorKindsAndMonitors(t *testing.T) {
+	var schema struct {
+		Properties struct {
+			Reward struct {
+				Properties struct {
+					ErrorKind struct {
+						Enum []string `json:"enum"`
+					} `json:"error_kind"`
+				} `json:"properties"`
+			} `json:"reward"`
+			Monitors struct {
+				Properties map[string]json.RawMessage `json:"properties"`
+			} `json:"monitors"`
+		} `json:"properties"`
+	}
+	if err := json.Unmarshal(trajectory.JSONSchema, &schema); err != nil {
+		t.Fatal(err)
+	}
+	if got := schema.Properties.Reward.Properties.ErrorKind.Enum; !slices.Equal(got, trajectory.RewardErrorKinds()) {
+		t.Errorf("schema reward.error_kind %v, trajectory.RewardErrorKinds %v", got, trajectory.RewardErrorKinds())
+	}
+	var names []string
+	for n := range schema.Properties.Monitors.Properties {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	want := slices.Sorted(slices.Values(trajectory.MonitorNames()))
+	if !slices.Equal(names, want) {
+		t.Errorf("schema monitors %v, trajectory.MonitorNames %v", names, want)
+	}
+}

@@ -153,8 +153,8 @@ func TestPrunedDocumentsAreGoneFromTheMessagesThePolicyGetsNext(t *testing.T) {
 	if math.Abs(c["fbeta"]-wantF) > 1e-9 || c["precision"] != 1 || c["recall"] != 0.5 || c["trajectory_recall"] != 1 || math.Abs(c["prune_penalty"]+0.1) > 1e-9 {
 		t.Errorf("components = %v", c)
 	}
-	if want := wantF + 0.5 - 0.1; math.Abs(tr.Reward.Total-want) > 1e-6 {
-		t.Errorf("total = %v, want %v", tr.Reward.Total, want)
+	if want := wantF + 0.5 - 0.1; math.Abs(*tr.Reward.Total-want) > 1e-6 {
+		t.Errorf("total = %v, want %v", *tr.Reward.Total, want)
 	}
 	doc, _ := json.Marshal(tr)
 	if err := trajectory.Validate(doc); err != nil {
@@ -188,7 +188,7 @@ func TestAReadOverTheDocumentBudgetIsRefusedAndRecorded(t *testing.T) {
 	if m := last[len(last)-1]; !strings.Contains(m.Content, "<<doc zlib>>") {
 		t.Errorf("after pruning, zlib was not read: %q", m.Content)
 	}
-	if tr.Reward == nil || tr.Reward.Total != 1 {
+	if tr.Reward == nil || *tr.Reward.Total != 1 {
 		t.Errorf("reward = %+v", tr.Reward)
 	}
 }

@@ -144,7 +144,7 @@ func TestATokenModeEpisodeRecordsExactlyTheTokensTheModelSawAndSampled(t *testin
 		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "finish", Arguments: `{"answer": "fixed"}`}}},
 	)})
 	tr := runEpisode(t, loadTask(t, calcTask), p, tokenMode(p))
-	if tr.Termination.Reason != trajectory.EndFinished || tr.Reward == nil || tr.Reward.Total != 1 {
+	if tr.Termination.Reason != trajectory.EndFinished || tr.Reward == nil || *tr.Reward.Total != 1 {
 		t.Fatalf("ended %+v reward %+v", tr.Termination, tr.Reward)
 	}
 	checkTokens(t, tr, srv)

@@ -325,7 +325,7 @@ func runAttacks(t *testing.T, list []attack, shapes map[string]func() (*agent.Ta
 				} else {
 					res.end = tr.Termination.Reason
 					if tr.Reward != nil {
-						v := tr.Reward.Total
+						v := *tr.Reward.Total
 						res.reward = &v
 						res.detail = strings.Join(tr.Reward.Details, "; ")
 						if v := tr.Reward.Verifier; v != nil {
@@ -425,7 +425,7 @@ func TestTheVerifierRunsWithTheTasksEnvironmentAndConfiguration(t *testing.T) {
 			map[string]any{"type": "tests", "command": "cd /work && python3 -m pytest -q tests", "report": map[string]any{"format": "pytest"},
 				"must_pass": []string{"tests/test_calc.py::test_add", "tests/test_calc.py::test_add_zero"}})
 		tr := run(t, task, bash("sed -i 's/a - b/a + b/' /work/src/calc.py"))
-		if tr.Reward == nil || tr.Reward.Total != 1 {
+		if tr.Reward == nil || *tr.Reward.Total != 1 {
 			t.Fatalf("the honest fix: reward %+v (%s)", tr.Reward, tr.Termination.Message)
 		}
 	})
@@ -434,11 +434,11 @@ func TestTheVerifierRunsWithTheTasksEnvironmentAndConfiguration(t *testing.T) {
 			map[string]any{"type": "tests", "command": "cd /work && python3 -m pytest -q", "editable": []string{"calc.py", "pyproject.toml"}})
 		tr := run(t, task, write("/work/pyproject.toml", "[tool.pytest.ini_options]\npythonpath = [\".\"]\ntestpaths = [\"tests\"]\naddopts = \"-k 'not add'\"\n"))
 		v := tr.Reward.Verifier
-		if tr.Reward.Total != 0 || !slices.Contains(v.Copied, "/work/pyproject.toml") || v.Tests == nil || v.Tests.Total != 3 {
+		if *tr.Reward.Total != 0 || !slices.Contains(v.Copied, "/work/pyproject.toml") || v.Tests == nil || v.Tests.Total != 3 {
 			t.Fatalf("reward %+v verifier %+v, want the agent's pyproject.toml copied, the task's pytest section used, 0", tr.Reward, v)
 		}
 		tr = run(t, task, bash(honestPy), write("/work/pyproject.toml", "[tool.pytest.ini_options]\npythonpath = [\".\"]\ntestpaths = [\"tests\"]\n\n[project]\nname = \"calc\"\n"))
-		if tr.Reward.Total != 1 {
+		if *tr.Reward.Total != 1 {
 			t.Fatalf("the honest fix with an edited pyproject.toml: reward %+v", tr.Reward)
 		}
 	})

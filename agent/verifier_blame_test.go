@@ -108,7 +108,7 @@ func TestAnAgentSandboxThatBreaksBeforeItsFilesAreReadIsTheAgentsFailure(t *test
 	p := &turnsPolicy{turns: []agent.Turn{bash(honestPy), finish}}
 	tr := runEpisode(t, task, &breakingPolicy{turnsPolicy: p, before: 1, breakIt: func() { agentSB.broken.Store(true) }},
 		func(c *agent.Config) { c.NewSandbox = r.factory(t) })
-	if tr.Termination.Reason != trajectory.EndSandboxAbuse || tr.Reward == nil || tr.Reward.Total != 0 {
+	if tr.Termination.Reason != trajectory.EndSandboxAbuse || tr.Reward == nil || *tr.Reward.Total != 0 {
 		t.Fatalf("termination %+v reward %+v, want sandbox_abuse scored 0", tr.Termination, tr.Reward)
 	}
 	if !strings.Contains(tr.Termination.Message, "fresh sandbox of the same spec works") {
@@ -150,7 +150,7 @@ func TestAVerifierSandboxThatFailsToStartIsRetriedOnceThenUnscored(t *testing.T)
 			tr := runEpisode(t, attackTask(t, "wasm-py", ""), fixAndFinish(), func(c *agent.Config) { c.NewSandbox = r.factory(t) })
 			switch failures {
 			case 1:
-				if tr.Reward == nil || tr.Reward.Total != 1 || tr.Reward.Verifier.Attempts != 2 {
+				if tr.Reward == nil || *tr.Reward.Total != 1 || tr.Reward.Verifier.Attempts != 2 {
 					t.Fatalf("termination %+v reward %+v, want the honest fix scored 1 on the second try", tr.Termination, tr.Reward)
 				}
 			case 2:
@@ -194,7 +194,7 @@ func TestAVerifierSandboxThatFailsOnlyWithTheAgentsFilesIsTheAgentsFailure(t *te
 				}
 				return
 			}
-			if tr.Termination.Reason != trajectory.EndSandboxAbuse || tr.Reward == nil || tr.Reward.Total != 0 {
+			if tr.Termination.Reason != trajectory.EndSandboxAbuse || tr.Reward == nil || *tr.Reward.Total != 0 {
 				t.Fatalf("termination %+v reward %+v, want sandbox_abuse scored 0", tr.Termination, tr.Reward)
 			}
 		})
@@ -216,7 +216,7 @@ func TestWhatTheAgentLeftThatCannotBeVerifiedScoresZero(t *testing.T) {
 		r := &roles{verifier: func(i int, sb sandbox.Sandbox) (sandbox.Sandbox, error) { return &fullDisk{sb}, nil }}
 		tr := runEpisode(t, attackTask(t, "wasm-py", ""), &turnsPolicy{turns: []agent.Turn{bash(honestPy), write("/work/fill1", "x"), finish}},
 			func(c *agent.Config) { c.NewSandbox = r.factory(t) })
-		if tr.Termination.Reason != trajectory.EndFinished || tr.Reward == nil || tr.Reward.Total != 0 ||
+		if tr.Termination.Reason != trajectory.EndFinished || tr.Reward == nil || *tr.Reward.Total != 0 ||
 			!strings.Contains(tr.Reward.Verifier.Blame, "do not fit") {
 			t.Fatalf("termination %+v reward %+v", tr.Termination, tr.Reward)
 		}
@@ -225,7 +225,7 @@ func TestWhatTheAgentLeftThatCannotBeVerifiedScoresZero(t *testing.T) {
 		tr := runEpisode(t, attackTask(t, "wasm-py", ""), &turnsPolicy{turns: []agent.Turn{bash(honestPy),
 			write("/tmp/mk.py", "import os\nos.mkdir('/work/junk')\nfor i in range(10001):\n    open('/work/junk/%d' % i, 'w').write('x')\n"),
 			bash("python /tmp/mk.py"), finish}})
-		if tr.Termination.Reason != trajectory.EndFinished || tr.Reward == nil || tr.Reward.Total != 0 ||
+		if tr.Termination.Reason != trajectory.EndFinished || tr.Reward == nil || *tr.Reward.Total != 0 ||
 			!strings.Contains(tr.Reward.Verifier.Blame, "more than 10000 files") {
 			t.Fatalf("termination %+v reward %+v", tr.Termination, tr.Reward)
 		}

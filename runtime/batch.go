@@ -217,12 +217,12 @@ func Summarize(rolloutID string, ts []*trajectory.Trajectory) *Summary {
 		for k, v := range t.Stats.ToolErrors {
 			s.ToolErrors[k] += v
 		}
-		if t.Reward != nil {
+		if v, ok := t.Value(); ok {
 			s.Scored++
 			ts.Scored++
-			sum += t.Reward.Total
-			ts.RewardMean += t.Reward.Total
-			if t.Reward.Total >= 1 {
+			sum += v
+			ts.RewardMean += v
+			if v >= 1 {
 				pass++
 				ts.PassRate++
 			}
@@ -250,11 +250,11 @@ func Summarize(rolloutID string, ts []*trajectory.Trajectory) *Summary {
 		st := GroupStatistics(g)
 		gs := GroupSummary{GroupID: id, TaskID: g[0].TaskID, RewardMean: st.RewardMean, RewardStd: st.RewardStd, ZeroVariance: st.ZeroVariance}
 		for _, t := range g {
-			if t.Reward == nil {
+			if v, ok := t.Value(); ok {
+				gs.Advantages = append(gs.Advantages, v-st.RewardMean)
+			} else {
 				gs.Unscored++
 				gs.Advantages = append(gs.Advantages, 0)
-			} else {
-				gs.Advantages = append(gs.Advantages, t.Reward.Total-st.RewardMean)
 			}
 		}
 		s.Groups = append(s.Groups, gs)
@@ -280,8 +280,8 @@ func GroupStatistics(g []*trajectory.Trajectory) GroupStats {
 	var st GroupStats
 	var rs []float64
 	for _, t := range g {
-		if t.Reward != nil {
-			rs = append(rs, t.Reward.Total)
+		if v, ok := t.Value(); ok {
+			rs = append(rs, v)
 		}
 	}
 	st.Scored = len(rs)

@@ -125,7 +125,7 @@ func TestADockerRolloutRunsAndCancelsPromptly(t *testing.T) {
 		t.Fatalf("%d episodes", len(eps))
 	}
 	for _, e := range eps {
-		if e.Termination.Reason != trajectory.EndFinished || e.Reward == nil || e.Reward.Total != 1 || e.Sandbox.Backend != "docker" ||
+		if e.Termination.Reason != trajectory.EndFinished || e.Reward == nil || *e.Reward.Total != 1 || e.Sandbox.Backend != "docker" ||
 			e.Sandbox.ImageDigest == "" || e.Steps[1].Output != "hi\n" {
 			t.Errorf("episode %s: %+v %+v %+v", e.EpisodeID, e.Termination, e.Reward, e.Sandbox)
 		}

@@ -181,8 +181,7 @@ func (s *Server) recordEnvEnd(ep *envEpisode, t *trajectory.Trajectory) {
 	}
 	now := time.Now().UTC()
 	ep.rec.State, ep.rec.Reason, ep.rec.EndedAt = episodeDone, t.Termination.Reason, &now
-	if t.Reward != nil {
-		v := t.Reward.Total
+	if v, ok := t.Value(); ok {
 		ep.rec.Reward = &v
 	}
 	if err := s.st.putEpisode(ep.rec); err != nil {

@@ -75,10 +75,11 @@ func RowOf(t *trajectory.Trajectory) ExportRow {
 	if t.Termination != nil {
 		row.Termination, row.TerminationMessage, row.Answer = t.Termination.Reason, t.Termination.Message, t.Termination.Answer
 	}
-	if t.Reward != nil {
+	if v, ok := t.Value(); ok {
 		row.Scored = true
-		v := t.Reward.Total
 		row.RewardTotal = &v
+	}
+	if t.Reward != nil {
 		if b, err := json.Marshal(t.Reward.Components); err == nil && t.Reward.Components != nil {
 			row.RewardComponents = string(b)
 		}
@@ -208,8 +209,8 @@ func AttachGroupStats(ts []*trajectory.Trajectory) {
 		st := GroupStatistics(g)
 		for _, t := range g {
 			gs := &trajectory.GroupStats{Size: len(g), RewardMean: st.RewardMean, RewardStd: st.RewardStd, ZeroVariance: st.ZeroVariance}
-			if t.Reward != nil {
-				gs.Advantage = t.Reward.Total - st.RewardMean
+			if v, ok := t.Value(); ok {
+				gs.Advantage = v - st.RewardMean
 			}
 			if t.Group == nil {
 				t.Group = gs

@@ -133,7 +133,7 @@ func (r *rollout) releaseLocked(g *groupState) {
 	for i, m := range members {
 		ts[i] = &trajectory.Trajectory{}
 		if m.rec.Reward != nil {
-			ts[i].Reward = &trajectory.Reward{Total: *m.rec.Reward}
+			ts[i].Reward = &trajectory.Reward{Total: trajectory.Score(*m.rec.Reward)}
 		}
 	}
 	st := GroupStatistics(ts)
@@ -546,8 +546,7 @@ func (s *Server) endEpisode(r *rollout, e *episodeState, t *trajectory.Trajector
 	switch {
 	case t != nil && t.Termination != nil:
 		rec.Reason = t.Termination.Reason
-		if t.Reward != nil {
-			v := t.Reward.Total
+		if v, ok := t.Value(); ok {
 			rec.Reward = &v
 		}
 		if len(t.Stats.ToolErrors) > 0 {

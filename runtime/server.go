@@ -229,8 +229,7 @@ func (s *Server) recoverRollout(r *rolloutRecord) ([]string, error) {
 		if t.Termination != nil {
 			e.Reason = t.Termination.Reason
 		}
-		if t.Reward != nil {
-			v := t.Reward.Total
+		if v, ok := t.Value(); ok {
 			e.Reward = &v
 		}
 		if e.Reason == trajectory.EndInterrupted {

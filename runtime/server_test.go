@@ -590,12 +590,12 @@ func TestEnvironmentModeStepsTheSameSessionARolloutRuns(t *testing.T) {
 	if code, _ := s.do("POST", "/v1/episodes/"+opened.ID+"/finish", map[string]any{"answer": "done"}, &fin); code != 200 {
 		t.Fatalf("finish: %d", code)
 	}
-	if fin.Reward == nil || fin.Reward.Total != 1 || fin.Termination.Reason != trajectory.EndFinished {
+	if fin.Reward == nil || *fin.Reward.Total != 1 || fin.Termination.Reason != trajectory.EndFinished {
 		t.Errorf("finish: %+v %+v", fin.Reward, fin.Termination)
 	}
 	// The record stays readable; the episode is no longer open.
 	var tr trajectory.Trajectory
-	if code, _ := s.do("GET", "/v1/episodes/"+opened.ID, nil, &tr); code != 200 || tr.Reward == nil || tr.Reward.Total != 1 || len(tr.Steps) != 2 {
+	if code, _ := s.do("GET", "/v1/episodes/"+opened.ID, nil, &tr); code != 200 || tr.Reward == nil || *tr.Reward.Total != 1 || len(tr.Steps) != 2 {
 		t.Errorf("GET after finish: %d %+v", code, tr.Reward)
 	}
 	if code, _ := s.do("DELETE", "/v1/episodes/"+opened.ID, nil, nil); code != 404 {
@@ -1030,7 +1030,7 @@ func TestExportsRoundTripAsJSONLAndParquet(t *testing.T) {
 			t.Fatalf("row for unknown episode %s", r.EpisodeID)
 		}
 		if r.RolloutID != id || r.TaskID != tr.TaskID || r.Termination != "finished" || r.Turns != 2 || !r.Scored ||
-			*r.RewardTotal != tr.Reward.Total || *r.Advantage != tr.Group.Advantage || *r.ZeroVariance != tr.Group.ZeroVariance ||
+			*r.RewardTotal != *tr.Reward.Total || *r.Advantage != tr.Group.Advantage || *r.ZeroVariance != tr.Group.ZeroVariance ||
 			*r.GroupRewardMean != tr.Group.RewardMean || r.Backend != "wasm" || *r.Answer != *tr.Termination.Answer {
 			t.Errorf("row %+v does not match its trajectory", r)
 		}

@@ -427,8 +427,7 @@ func endOf(t *trajectory.Trajectory) *End {
 	if t.Termination != nil {
 		e.Reason = t.Termination.Reason
 	}
-	if t.Reward != nil {
-		v := t.Reward.Total
+	if v, ok := t.Value(); ok {
 		e.Reward = &v
 	}
 	return e

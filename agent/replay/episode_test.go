@@ -88,7 +88,7 @@ func replayOf(t *testing.T, tr *trajectory.Trajectory, mutate ...func(*replay.Op
 
 func TestAReplayOfADeterministicEpisodeMatchesEveryStepAndTheReward(t *testing.T) {
 	tr := record(t, fixTask, fixTurns)
-	if tr.Reward == nil || tr.Reward.Total != 1 || len(tr.Steps) != 12 {
+	if tr.Reward == nil || *tr.Reward.Total != 1 || len(tr.Steps) != 12 {
 		t.Fatalf("recording: reward %+v, %d steps", tr.Reward, len(tr.Steps))
 	}
 	r := replayOf(t, tr)

@@ -60,37 +60,13 @@ func Evaluate(ctx context.Context, s Spec, in Input) (*trajectory.Reward, error)
 	r := &trajectory.Reward{Components: map[string]float64{}}
 	switch s.Type {
 	case "composite":
-		var wsum float64
-		for _, p := range s.Parts {
-			sub, err := Evaluate(ctx, p.Reward, in)
-			if err != nil {
-				return nil, fmt.Errorf("reward part %s: %w", p.Name, err)
-			}
-			r.Components[p.Name] = sub.Total
-			for k, v := range sub.Components {
-				if k != p.Reward.Type {
-					r.Components[p.Name+"."+k] = v
-				}
-			}
-			r.Total += p.Weight * sub.Total
-			wsum += p.Weight
-			if sub.Verifier != nil {
-				r.Verifier = sub.Verifier
-			}
-			for _, d := range sub.Details {
-				r.Details = append(r.Details, p.Name+": "+d)
-			}
-		}
-		if wsum > 0 {
-			r.Total /= wsum
-		}
-		return r, nil
+		return composite(ctx, s, in)
 	case "tests":
 		return tests(ctx, s, in)
 	case "exact":
 		ok := in.Answer != nil && normalize(*in.Answer, s.CaseInsensitive) == normalize(s.Answer, s.CaseInsensitive)
-		r.Total = b2f(ok)
-		r.Components["exact"] = r.Total
+		r.Total = trajectory.Score(b2f(ok))
+		r.Components["exact"] = b2f(ok)
 		if in.Answer == nil {
 			r.Details = append(r.Details, "no answer was given to finish")
 		}
@@ -105,13 +81,62 @@ func Evaluate(ctx context.Context, s Spec, in Input) (*trajectory.Reward, error)
 			return nil, fmt.Errorf("reward.pattern: %w", err) // validated before; unreachable
 		}
 		ok := in.Answer != nil && re.MatchString(strings.TrimSpace(*in.Answer))
-		r.Total = b2f(ok)
-		r.Components["regex"] = r.Total
+		r.Total = trajectory.Score(b2f(ok))
+		r.Components["regex"] = b2f(ok)
 		return r, nil
 	case "fbeta":
 		return fbeta(s, in), nil
 	}
 	return nil, fmt.Errorf("reward.type %q cannot be evaluated", s.Type)
+}
+
+// composite is the weighted mean of its parts. It is scored only when
+// every part is: a part without a total (a judge that failed) leaves the
+// composite without one, with that part's error kind; the parts that did
+// score are still recorded as components.
+func composite(ctx context.Context, s Spec, in Input) (*trajectory.Reward, error) {
+	r := &trajectory.Reward{Components: map[string]float64{}}
+	var total, wsum float64
+	for _, p := range s.Parts {
+		sub, err := Evaluate(ctx, p.Reward, in)
+		if err != nil {
+			return nil, fmt.Errorf("reward part %s: %w", p.Name, err)
+		}
+		v, scored := sub.Value()
+		if scored {
+			r.Components[p.Name] = v
+		} else if r.ErrorKind == "" {
+			r.ErrorKind = sub.ErrorKind
+			r.Details = append(r.Details, fmt.Sprintf("part %s is unscored (%s): the composite is unscored", p.Name, sub.ErrorKind))
+		}
+		for k, v := range sub.Components {
+			if k != p.Reward.Type {
+				r.Components[p.Name+"."+k] = v
+			}
+		}
+		total += p.Weight * v
+		wsum += p.Weight
+		if sub.Verifier != nil {
+			r.Verifier = sub.Verifier
+		}
+		if sub.Judge != nil {
+			r.Judge = sub.Judge
+		}
+		if sub.Workspace != nil {
+			r.Workspace = sub.Workspace
+		}
+		for _, d := range sub.Details {
+			r.Details = append(r.Details, p.Name+": "+d)
+		}
+	}
+	if r.ErrorKind != "" {
+		return r, nil
+	}
+	if wsum > 0 {
+		total /= wsum
+	}
+	r.Total = trajectory.Score(total)
+	return r, nil
 }
 
 func normalize(s string, fold bool) string {
@@ -184,7 +209,7 @@ func fbeta(s Spec, in Input) *trajectory.Reward {
 		r.Components["prune_penalty"] = -pen
 	}
 	total := f + s.TrajectoryRecallWeight*tr - pen
-	r.Total = math.Round(total*1e9) / 1e9
+	r.Total = trajectory.Score(math.Round(total*1e9) / 1e9)
 	return r
 }
 

@@ -24,8 +24,8 @@ func TestFbetaWeighsRecallOverPrecision(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if math.Abs(r.Total-tt.want) > 1e-9 {
-				t.Errorf("total = %v, want %v", r.Total, tt.want)
+			if math.Abs(*r.Total-tt.want) > 1e-9 {
+				t.Errorf("total = %v, want %v", *r.Total, tt.want)
 			}
 		})
 	}
@@ -41,8 +41,8 @@ func TestFbetaProcessTermsAreRecorded(t *testing.T) {
 		t.Errorf("components = %v", r.Components)
 	}
 	want := r.Components["fbeta"] + 0.5 - 0.2
-	if math.Abs(r.Total-want) > 1e-9 {
-		t.Errorf("total = %v, want %v", r.Total, want)
+	if math.Abs(*r.Total-want) > 1e-9 {
+		t.Errorf("total = %v, want %v", *r.Total, want)
 	}
 }
 
@@ -74,8 +74,8 @@ func TestExactRegexAndCompositeScoreTheAnswer(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if math.Abs(r.Total-tt.want) > 1e-9 {
-				t.Errorf("total = %v (components %v), want %v", r.Total, r.Components, tt.want)
+			if math.Abs(*r.Total-tt.want) > 1e-9 {
+				t.Errorf("total = %v (components %v), want %v", *r.Total, r.Components, tt.want)
 			}
 		})
 	}
@@ -93,8 +93,8 @@ func TestFbetaCountsAChunkAsItsRelevantDocumentOnce(t *testing.T) {
 	if r.Components["precision"] != 1 || r.Components["recall"] != 1 || r.Components["trajectory_recall"] != 1 {
 		t.Errorf("components = %v", r.Components)
 	}
-	if math.Abs(r.Total-1.25) > 1e-9 {
-		t.Errorf("total = %v", r.Total)
+	if math.Abs(*r.Total-1.25) > 1e-9 {
+		t.Errorf("total = %v", *r.Total)
 	}
 	// A chunk-like id of a document that is not relevant stays itself.
 	r, _ = Evaluate(context.Background(), s, Input{IDs: []string{"bufio", "net/url#1", "bufio#x"}})
@@ -114,7 +114,7 @@ func TestFbetaRecordsEveryComponentEvenUnweighted(t *testing.T) {
 			t.Errorf("component %s missing: %v", k, r.Components)
 		}
 	}
-	if r.Components["trajectory_recall"] != 1 || r.Components["prune_penalty"] != 0 || math.Abs(r.Total-r.Components["fbeta"]) > 1e-9 {
+	if r.Components["trajectory_recall"] != 1 || r.Components["prune_penalty"] != 0 || math.Abs(*r.Total-r.Components["fbeta"]) > 1e-9 {
 		t.Errorf("unweighted terms changed the total: %v", r)
 	}
 	// beta 4 by default: recall counts 16 times precision.

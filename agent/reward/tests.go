@@ -80,7 +80,7 @@ func (w *workspace) read(ctx context.Context, in Input, fresh func() error) (*sn
 // the reward takes, and the hidden tests.
 func tests(ctx context.Context, s Spec, in Input) (*trajectory.Reward, error) {
 	v := &trajectory.Verifier{Command: s.Command, CleanRoom: true}
-	r := &trajectory.Reward{Components: map[string]float64{"tests": 0}, Verifier: v}
+	r := &trajectory.Reward{Total: trajectory.Score(0), Components: map[string]float64{"tests": 0}, Verifier: v}
 	var ahead <-chan prepared
 	if in.NewSandbox != nil {
 		ahead = prepare(ctx, in) // made while the agent's files are read
@@ -158,13 +158,14 @@ func tests(ctx context.Context, s Spec, in Input) (*trajectory.Reward, error) {
 	v.Stdout, v.Stderr = trajectory.NewBytes(capped(res.Stdout, in.VerifierOutputCap)), trajectory.NewBytes(capped(res.Stderr, in.VerifierOutputCap))
 	v.DurationMS = float64(res.Duration) / float64(time.Millisecond)
 	total, details := score(s, rn, v)
-	r.Total = total
+	r.Total = trajectory.Score(total)
 	r.Components["tests"] = total
 	r.Details = append(r.Details, details...)
 	return r, nil
 }
 
 func blamed(r *trajectory.Reward, why string) *trajectory.Reward {
+	r.Total = trajectory.Score(0)
 	r.Verifier.Blame = why
 	r.Details = append(r.Details, "scored 0 without running the tests: "+why)
 	return r

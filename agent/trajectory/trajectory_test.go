@@ -66,11 +66,11 @@ func TestWriterEndWritesTheFinalDocument(t *testing.T) {
 	dir := t.TempDir()
 	w, _ := NewWriter(dir, &Trajectory{EpisodeID: "ep2"})
 	w.Step(Step{Type: StepModel})
-	if err := w.End(&Termination{Reason: EndFinished}, &Reward{Total: 1, Components: map[string]float64{"tests": 1}}, Stats{Turns: 1}); err != nil {
+	if err := w.End(&Termination{Reason: EndFinished}, &Reward{Total: Score(1), Components: map[string]float64{"tests": 1}}, Stats{Turns: 1}); err != nil {
 		t.Fatal(err)
 	}
 	tr, err := Read(w.Path())
-	if err != nil || tr.Reward.Total != 1 || tr.Schema != Schema {
+	if err != nil || *tr.Reward.Total != 1 || tr.Schema != Schema {
 		t.Fatalf("%+v %v", tr, err)
 	}
 	if matches, _ := filepath.Glob(filepath.Join(dir, "*.partial")); len(matches) != 0 {

@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -84,8 +85,39 @@ type Trajectory struct {
 	Termination *Termination `json:"termination"`
 	Reward      *Reward      `json:"reward"`
 	Stats       Stats        `json:"stats"`
+	// Monitors are the reward-hacking monitors computed at the episode's
+	// end (package agent/monitor); nil on records written before them.
+	Monitors *Monitors `json:"monitors,omitempty"`
+	// Rescore is set on a record written by `rollbox rescore`: a copy of
+	// a recorded episode with a new reward.
+	Rescore *Rescore `json:"rescore,omitempty"`
 	// Group is set on streamed episodes once their GRPO group completes.
 	Group *GroupStats `json:"group,omitempty"`
+}
+
+// Value returns the episode's reward and whether it was scored: false when
+// the episode has no reward (it ended for the infrastructure's reasons) or
+// its reward could not be computed (Reward.ErrorKind, e.g. judge_error).
+// Every reader that averages rewards must use it: an unscored episode is
+// never a 0.
+func (t *Trajectory) Value() (float64, bool) {
+	if t == nil {
+		return 0, false
+	}
+	return t.Reward.Value()
+}
+
+// Rescore says where a rescored record came from.
+type Rescore struct {
+	// ID names the rescore (the directory RUN_DIR/rescores/<id>/).
+	ID string `json:"id"`
+	// Source is the original record's path, relative to the run directory.
+	Source string `json:"source"`
+	// SpecHash is the sha256 of the reward spec applied.
+	SpecHash string    `json:"spec_hash"`
+	At       time.Time `json:"at"`
+	// Previous is the original record's reward total (null: unscored).
+	Previous *float64 `json:"previous"`
 }
 
 // Sandbox is the sandbox as it really ran.
@@ -303,11 +335,168 @@ type Termination struct {
 
 // Reward is the outcome reward with its parts.
 type Reward struct {
-	Total      float64            `json:"total"`
+	// Total is the reward; nil (JSON null) when it could not be computed
+	// for a reason that is not the agent's (ErrorKind says which): such
+	// an episode is unscored, never 0.
+	Total *float64 `json:"total"`
+	// ErrorKind is set, with Total nil, when the reward could not be
+	// computed: one of RewardErrorKinds.
+	ErrorKind  string             `json:"error_kind,omitempty"`
 	Components map[string]float64 `json:"components"`
 	// Verifier is the verifier's own output, when one ran.
 	Verifier *Verifier `json:"verifier,omitempty"`
-	Details  []string  `json:"details,omitempty"`
+	// Judge is the generative reward model's record, when one was asked.
+	Judge *Judge `json:"judge,omitempty"`
+	// Workspace is what the reward read of the agent's workspace, as a
+	// diff against the task's files, when it read it (a tests reward, or a
+	// judge rubric that sees the diff): what `rollbox rescore` shows a new
+	// judge without re-running the episode.
+	Workspace *WorkspaceDiff `json:"workspace,omitempty"`
+	Details   []string       `json:"details,omitempty"`
+}
+
+// Reward error kinds: why a reward has no total.
+const (
+	// RewardJudgeError: a judge failed, timed out or answered unparseably
+	// after its retries.
+	RewardJudgeError = "judge_error"
+	// RewardUnrecorded: a rescore needed a part of the reward the record
+	// does not hold (a tests score of an episode whose reward had none).
+	RewardUnrecorded = "unrecorded"
+)
+
+// RewardErrorKinds is the closed list of Reward.ErrorKind values.
+func RewardErrorKinds() []string { return []string{RewardJudgeError, RewardUnrecorded} }
+
+// Score returns a total for Reward.Total.
+func Score(v float64) *float64 { return &v }
+
+// Value returns the total and whether the reward was scored (a nil reward
+// is not).
+func (r *Reward) Value() (float64, bool) {
+	if r == nil || r.Total == nil {
+		return 0, false
+	}
+	return *r.Total, true
+}
+
+// Unscored returns a reward without a total, for kind (RewardErrorKinds),
+// with the components computed so far (may be nil) and why.
+func Unscored(kind string, components map[string]float64, why string) *Reward {
+	if components == nil {
+		components = map[string]float64{}
+	}
+	return &Reward{ErrorKind: kind, Components: components, Details: []string{why}}
+}
+
+// WorkspaceDiff is the agent's workspace against the task's files.
+type WorkspaceDiff struct {
+	// Files are the paths that differ, each "added", "modified", "deleted"
+	// or "unread" (listed, not read: over a bound, a symlink, a special
+	// file).
+	Files []WorkspaceFile `json:"files"`
+	// Diff is a unified diff of the files read, head and tail kept within
+	// MaxWorkspaceDiffBytes; Bytes is its full size and Dropped what the
+	// cap left out of the middle.
+	Diff    string `json:"diff"`
+	Bytes   int    `json:"bytes"`
+	Dropped int    `json:"dropped,omitempty"`
+}
+
+// WorkspaceFile is one path of a WorkspaceDiff.
+type WorkspaceFile struct {
+	Path   string `json:"path"`
+	Status string `json:"status"`
+}
+
+// MaxWorkspaceDiffBytes caps WorkspaceDiff.Diff.
+const MaxWorkspaceDiffBytes = 64 << 10
+
+// Judge is the record of a judge reward: every judge's score on every
+// rubric, with each sample's raw text, parsed score and reason.
+type Judge struct {
+	// Score is the judge reward (weighted mean over rubrics of the judges'
+	// aggregate); nil when a call failed (Error says which).
+	Score *float64 `json:"score"`
+	Error string   `json:"error,omitempty"`
+	// Aggregate is how judges were combined (mean, median, min,
+	// trimmed_mean).
+	Aggregate string `json:"aggregate"`
+	// Rubrics has each rubric's aggregate score (normalised to 0..1), its
+	// weight, the judges' scores of it, and what the judges were shown.
+	Rubrics []JudgeRubric `json:"rubrics"`
+	// Judges has each judge's scores: per rubric, per sample.
+	Judges []JudgeScores `json:"judges"`
+	// Spread is the largest difference between two judges' scores of one
+	// rubric (normalised), the input of the judge_disagreement monitor.
+	Spread     float64 `json:"spread"`
+	DurationMS float64 `json:"duration_ms"`
+	// Calls counts the judge requests made; CacheHits those answered from
+	// the cache (no request).
+	Calls     int `json:"calls"`
+	CacheHits int `json:"cache_hits"`
+}
+
+// JudgeRubric is one rubric's outcome.
+type JudgeRubric struct {
+	Name   string   `json:"name"`
+	Weight float64  `json:"weight"`
+	Score  *float64 `json:"score"`
+	// ByJudge is each judge's score of the rubric (the mean of its samples).
+	ByJudge map[string]float64 `json:"by_judge"`
+	// Views are what the judges were shown, with what was cut.
+	Views []JudgeView `json:"views"`
+}
+
+// JudgeView is one part of the episode shown to a judge: its size and how
+// much of its middle the rubric's bound cut (head and tail are kept).
+type JudgeView struct {
+	Kind    string `json:"kind"` // task, answer, diff, transcript, tool_outputs
+	Bytes   int    `json:"bytes"`
+	Shown   int    `json:"shown"`
+	Dropped int    `json:"dropped,omitempty"`
+}
+
+// JudgeScores is one judge's scores.
+type JudgeScores struct {
+	Name    string `json:"name"`
+	BaseURL string `json:"base_url"`
+	Model   string `json:"model"`
+	// Score is the judge's own weighted mean over the rubrics it scored.
+	Score   *float64            `json:"score"`
+	Rubrics []JudgeRubricScores `json:"rubrics"`
+}
+
+// JudgeRubricScores is one judge's samples of one rubric.
+type JudgeRubricScores struct {
+	Rubric string `json:"rubric"`
+	// Score is the mean of the samples' normalised scores.
+	Score   *float64      `json:"score"`
+	Samples []JudgeSample `json:"samples"`
+}
+
+// JudgeSample is one judge answer: the raw text, what was parsed of it, and
+// what it cost.
+type JudgeSample struct {
+	// Key is the cache key: a hash of the judge, the sample index and the
+	// whole request (rubric and content).
+	Key string `json:"key"`
+	// Raw is the parsed score as the judge gave it (on the rubric's scale,
+	// or its label); Score is it normalised to 0..1.
+	Raw    string   `json:"raw,omitempty"`
+	Score  *float64 `json:"score"`
+	Reason string   `json:"reason,omitempty"`
+	// Text is the judge's full answer (the last attempt's).
+	Text string `json:"text"`
+	// Parse says how the score was found: json or text.
+	Parse string `json:"parse,omitempty"`
+	// Model is the model the server reported.
+	Model     string  `json:"model,omitempty"`
+	LatencyMS float64 `json:"latency_ms"`
+	Usage     *Usage  `json:"usage,omitempty"`
+	Attempts  int     `json:"attempts"`
+	Cached    bool    `json:"cached,omitempty"`
+	Error     string  `json:"error,omitempty"`
 }
 
 // Verifier is a command the reward ran, and what it ran on.
@@ -356,6 +545,38 @@ type Verifier struct {
 type Skip struct {
 	Path   string `json:"path"`
 	Reason string `json:"reason"`
+	// Kind classifies the reason (SkipKinds); empty on older records.
+	Kind string `json:"kind,omitempty"`
+}
+
+// Kinds of Skip. The first four are the verifier undoing what the agent
+// did to the tests: the test_tampering monitor counts them.
+const (
+	SkipProtected    = "protected"     // a protected test changed or added
+	SkipRunnerConfig = "runner_config" // runner configuration changed or planted (conftest.py, *.pth, ...)
+	SkipHidden       = "hidden"        // written where a hidden test or the report goes
+	SkipShadow       = "shadow"        // a module that would be imported in place of the task's or the runner's
+	SkipNotEditable  = "not_editable"  // outside reward.editable
+	SkipUnsafe       = "unsafe"        // a symlink or special file
+	SkipBound        = "bound"         // over a size or depth bound, or the list of skips cut
+	SkipOther        = "other"         // unreadable, a conflict with the task's layout, not writable
+)
+
+// Tampering reports whether a skip is the verifier undoing a change to the
+// tests or the runner.
+func (s Skip) Tampering() bool {
+	switch s.Kind {
+	case SkipProtected, SkipRunnerConfig, SkipHidden, SkipShadow:
+		return true
+	case "":
+		// a record from before kinds: its reasons
+		for _, p := range []string{"a protected test", "runner configuration", "a hidden test", "would be imported as"} {
+			if strings.HasPrefix(s.Reason, p) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // TestCounts are the totals of a runner's report.
@@ -389,6 +610,8 @@ type GroupStats struct {
 	RewardStd    float64 `json:"reward_std"`
 	Advantage    float64 `json:"advantage"`
 	ZeroVariance bool    `json:"zero_variance"`
+	// Monitors counts, per monitor, the group's episodes that triggered it.
+	Monitors map[string]int `json:"monitors,omitempty"`
 }
 
 // Bytes is a byte string that survives JSON losslessly: valid UTF-8 is a
@@ -431,4 +654,92 @@ func (b *Bytes) UnmarshalJSON(data []byte) error {
 	}
 	*b = d
 	return nil
+}
+
+// Monitors are an episode's reward-hacking signals (package agent/monitor
+// computes them and documents each). A monitor that does not apply to the
+// episode (no search tool, no verifier, no judge, not an orchestrator) is
+// nil, absent from the JSON; one that applies is a count (0 when it did
+// not fire) or a flag.
+type Monitors struct {
+	// TestTampering counts the agent's changes to protected tests or runner
+	// configuration (or modules planted to shadow them) that the clean-room
+	// verifier refused.
+	TestTampering *int `json:"test_tampering,omitempty"`
+	// SingleSearchExit: a search episode finished after at most one search.
+	SingleSearchExit *bool `json:"single_search_exit,omitempty"`
+	// OneAtATimePruning counts single-document prunes in runs of them.
+	OneAtATimePruning *int `json:"one_at_a_time_pruning,omitempty"`
+	// RepeatedCalls counts tool calls identical to an earlier one (name,
+	// arguments) that got the identical result.
+	RepeatedCalls *int `json:"repeated_calls,omitempty"`
+	// JudgeDisagreement counts rubrics the judges disagree on beyond the
+	// threshold, plus one when tests and judge disagree.
+	JudgeDisagreement *int `json:"judge_disagreement,omitempty"`
+	// SerialCollapse: an orchestrator that may run sub-agents in parallel
+	// never did.
+	SerialCollapse *bool `json:"serial_collapse,omitempty"`
+	// SpuriousParallelism counts sub-agents spawned beside an identical
+	// one (same prompt in the same stage).
+	SpuriousParallelism *int `json:"spurious_parallelism,omitempty"`
+}
+
+// Monitor names, as in the JSON.
+const (
+	MonitorTestTampering       = "test_tampering"
+	MonitorSingleSearchExit    = "single_search_exit"
+	MonitorOneAtATimePruning   = "one_at_a_time_pruning"
+	MonitorRepeatedCalls       = "repeated_calls"
+	MonitorJudgeDisagreement   = "judge_disagreement"
+	MonitorSerialCollapse      = "serial_collapse"
+	MonitorSpuriousParallelism = "spurious_parallelism"
+)
+
+// MonitorNames is the closed list of monitors.
+func MonitorNames() []string {
+	return []string{MonitorTestTampering, MonitorSingleSearchExit, MonitorOneAtATimePruning, MonitorRepeatedCalls,
+		MonitorJudgeDisagreement, MonitorSerialCollapse, MonitorSpuriousParallelism}
+}
+
+// Values returns the monitors that apply, by name: a count, or 1/0 for a
+// flag.
+func (m *Monitors) Values() map[string]int {
+	out := map[string]int{}
+	if m == nil {
+		return out
+	}
+	count := func(name string, v *int) {
+		if v != nil {
+			out[name] = *v
+		}
+	}
+	flag := func(name string, v *bool) {
+		if v != nil {
+			out[name] = 0
+			if *v {
+				out[name] = 1
+			}
+		}
+	}
+	count(MonitorTestTampering, m.TestTampering)
+	flag(MonitorSingleSearchExit, m.SingleSearchExit)
+	count(MonitorOneAtATimePruning, m.OneAtATimePruning)
+	count(MonitorRepeatedCalls, m.RepeatedCalls)
+	count(MonitorJudgeDisagreement, m.JudgeDisagreement)
+	flag(MonitorSerialCollapse, m.SerialCollapse)
+	count(MonitorSpuriousParallelism, m.SpuriousParallelism)
+	return out
+}
+
+// Triggered lists the monitors that fired (a count above 0 or a flag set),
+// in MonitorNames order.
+func (m *Monitors) Triggered() []string {
+	v := m.Values()
+	var out []string
+	for _, n := range MonitorNames() {
+		if v[n] > 0 {
+			out = append(out, n)
+		}
+	}
+	return out
 }

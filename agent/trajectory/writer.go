@@ -36,6 +36,7 @@ type endRecord struct {
 	Reward      *Reward      `json:"reward"`
 	Stats       Stats        `json:"stats"`
 	EndedAt     time.Time    `json:"ended_at"`
+	Monitors    *Monitors    `json:"monitors,omitempty"`
 }
 
 // Writer records one episode under Dir: every call appends one line to
@@ -128,6 +129,14 @@ func (w *Writer) SetSandbox(s Sandbox) error {
 	return w.append(lineSandbox, s)
 }
 
+// SetMonitors sets the episode's monitors, recorded with its end (call it
+// before End).
+func (w *Writer) SetMonitors(m *Monitors) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.t.Monitors = m
+}
+
 // Step appends a step, numbering it.
 func (w *Writer) Step(s Step) (Step, error) {
 	w.mu.Lock()
@@ -160,7 +169,7 @@ func (w *Writer) End(term *Termination, reward *Reward, stats Stats) error {
 	now := time.Now().UTC()
 	w.t.Termination, w.t.Reward, w.t.Stats, w.t.EndedAt = term, reward, stats, &now
 	w.t.Segments, _ = BuildSegments(w.t.Steps) // the steps are the record; a bad segment leaves none
-	if err := w.append(lineEnd, endRecord{term, reward, stats, now}); err != nil {
+	if err := w.append(lineEnd, endRecord{term, reward, stats, now, w.t.Monitors}); err != nil {
 		w.closeJournal()
 		return err
 	}
@@ -330,7 +339,7 @@ func apply(t **Trajectory, jl journalLine) error {
 		if err := json.Unmarshal(jl.V, &e); err != nil {
 			return err
 		}
-		(*t).Termination, (*t).Reward, (*t).Stats, (*t).EndedAt = e.Termination, e.Reward, e.Stats, &e.EndedAt
+		(*t).Termination, (*t).Reward, (*t).Stats, (*t).EndedAt, (*t).Monitors = e.Termination, e.Reward, e.Stats, &e.EndedAt, e.Monitors
 	}
 	return nil
 }

@@ -131,7 +131,7 @@ func TestReplayOfADockerEpisodeMatchesAndAnAlteredOutputIsFoundAtItsStep(t *test
 	script := writeFile(t, dir, "script.jsonl", strings.Join(strings.Fields(dockerReplayScript), " "))
 	file := recordRun(t, tasks, script)["py-steps"]
 	tr, err := trajectory.Read(file)
-	if err != nil || tr.Reward == nil || tr.Reward.Total != 1 {
+	if err != nil || tr.Reward == nil || *tr.Reward.Total != 1 {
 		t.Fatalf("recording: %v %+v", err, tr)
 	}
 	if out := tr.Steps[3].Output; !strings.HasPrefix(out, "sandbox\nUTC 1704067200\n") {
@@ -233,7 +233,7 @@ func TestReplayHandsTheEpisodeToALivePolicyAfterTheStep(t *testing.T) {
 	}
 	own, _ := filepath.Glob(filepath.Join(out, "*.json"))
 	tr, err := trajectory.Read(own[0])
-	if err != nil || tr.Policy.Kind != "openai" || *tr.Termination.Answer != "live fix" || tr.Reward.Total != 1 {
+	if err != nil || tr.Policy.Kind != "openai" || *tr.Termination.Answer != "live fix" || *tr.Reward.Total != 1 {
 		t.Errorf("the live episode's record: %v %+v", err, tr)
 	}
 }

@@ -304,9 +304,9 @@ func (p *progress) counting(configure func(*agent.Config) error) func(*agent.Con
 func (p *progress) episode(t *trajectory.Trajectory, done, total int) {
 	p.mu.Lock()
 	p.done = done
-	if t.Reward != nil {
+	if v, ok := t.Value(); ok {
 		p.scored++
-		p.rewards += t.Reward.Total
+		p.rewards += v
 	}
 	reason := "?"
 	if t.Termination != nil {
@@ -318,8 +318,10 @@ func (p *progress) episode(t *trajectory.Trajectory, done, total int) {
 		return
 	}
 	rw := "reward -"
-	if t.Reward != nil {
-		rw = fmt.Sprintf("reward %.3f", t.Reward.Total)
+	if v, ok := t.Value(); ok {
+		rw = fmt.Sprintf("reward %.3f", v)
+	} else if t.Reward != nil {
+		rw = "reward - (" + t.Reward.ErrorKind + ")"
 	}
 	msg := ""
 	if t.Termination != nil && t.Termination.Reason != trajectory.EndFinished && t.Termination.Message != "" {

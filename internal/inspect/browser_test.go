@@ -106,7 +106,7 @@ func TestTheViewerInHeadlessChromium(t *testing.T) {
 			}
 			want := "—"
 			if tr.Reward != nil {
-				want = strings.TrimRight(strings.TrimRight(fmt.Sprintf("%.3f", tr.Reward.Total), "0"), ".")
+				want = strings.TrimRight(strings.TrimRight(fmt.Sprintf("%.3f", *tr.Reward.Total), "0"), ".")
 			}
 			if r := eval(sel + `.querySelector(".reward-value").textContent`); r != want {
 				t.Errorf("%s: reward %q, want %q", id, r, want)
@@ -148,7 +148,7 @@ func TestTheViewerInHeadlessChromium(t *testing.T) {
 		check("tool error timeout", func(tr *trajectory.Trajectory) bool { return tr.Stats.ToolErrors["timeout"] > 0 })
 		setFilter("f-error", "")
 		setFilter("f-min", "0.5")
-		check("reward at least 0.5", func(tr *trajectory.Trajectory) bool { return tr.Reward != nil && tr.Reward.Total >= 0.5 })
+		check("reward at least 0.5", func(tr *trajectory.Trajectory) bool { return tr.Reward != nil && *tr.Reward.Total >= 0.5 })
 		setFilter("f-min", "")
 		if err := chromedp.Do(bctx, chromedp.Click(chromedp.CSS(`#f-end button[data-end="policy_error"]`))); err != nil {
 			t.Fatal(err)

@@ -57,7 +57,7 @@ func hostileTrajectory() *trajectory.Trajectory {
 		},
 		ContextEvents: []trajectory.ContextEvent{{Step: 1, Kind: "pruned" + terminalAttacks["C1 OSC"], Detail: x, IDs: []string{x}}},
 		Termination:   &trajectory.Termination{Reason: "finished", Message: x, Answer: &answer, IDs: []string{x}},
-		Reward: &trajectory.Reward{Total: 0.5, Components: map[string]float64{x: 0.5}, Details: []string{x},
+		Reward: &trajectory.Reward{Total: trajectory.Score(0.5), Components: map[string]float64{x: 0.5}, Details: []string{x},
 			Verifier: &trajectory.Verifier{Command: x, Stdout: trajectory.NewBytes(out), Stderr: trajectory.NewBytes(out),
 				Restored: []string{x}, Removed: []string{x}, Missing: []string{x}, Failing: []string{x}, Blame: x}},
 	}

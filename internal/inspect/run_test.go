@@ -176,8 +176,8 @@ func makeRun() (string, error) {
 	for _, tr := range trs {
 		if tr.Reward != nil {
 			scored++
-			total += tr.Reward.Total
-			if tr.Reward.Total >= 1 {
+			total += *tr.Reward.Total
+			if *tr.Reward.Total >= 1 {
 				passed++
 			}
 		}

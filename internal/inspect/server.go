@@ -50,21 +50,24 @@ type cached struct {
 
 // Episode is one row of the episode list.
 type Episode struct {
-	ID         string             `json:"id"`
-	TaskID     string             `json:"task_id"`
-	GroupID    string             `json:"group_id"`
-	GroupIndex int                `json:"group_index"`
-	Backend    string             `json:"backend"`
-	Policy     string             `json:"policy"`
-	StartedAt  time.Time          `json:"started_at"`
-	DurationMS float64            `json:"duration_ms"`
-	End        string             `json:"end"`
-	EndMessage string             `json:"end_message,omitempty"`
-	Reward     *float64           `json:"reward"`
-	Components map[string]float64 `json:"components,omitempty"`
-	Turns      int                `json:"turns"`
-	ToolCalls  int                `json:"tool_calls"`
-	ToolErrors map[string]int     `json:"tool_errors"`
+	ID         string    `json:"id"`
+	TaskID     string    `json:"task_id"`
+	GroupID    string    `json:"group_id"`
+	GroupIndex int       `json:"group_index"`
+	Backend    string    `json:"backend"`
+	Policy     string    `json:"policy"`
+	StartedAt  time.Time `json:"started_at"`
+	DurationMS float64   `json:"duration_ms"`
+	End        string    `json:"end"`
+	EndMessage string    `json:"end_message,omitempty"`
+	Reward     *float64  `json:"reward"`
+	// RewardError is the reward's error kind when it has no total
+	// (judge_error): unscored, not 0.
+	RewardError string             `json:"reward_error,omitempty"`
+	Components  map[string]float64 `json:"components,omitempty"`
+	Turns       int                `json:"turns"`
+	ToolCalls   int                `json:"tool_calls"`
+	ToolErrors  map[string]int     `json:"tool_errors"`
 	// Truncations counts tool outputs cut for the model.
 	Truncations int `json:"truncations"`
 	Steps       int `json:"steps"`
@@ -210,8 +213,10 @@ func summarize(file string) (*Episode, error) {
 		e.End, e.EndMessage = t.Termination.Reason, t.Termination.Message
 	}
 	if t.Reward != nil {
-		v := t.Reward.Total
-		e.Reward, e.Components = &v, t.Reward.Components
+		e.Components, e.RewardError = t.Reward.Components, t.Reward.ErrorKind
+		if v, ok := t.Reward.Value(); ok {
+			e.Reward = &v
+		}
 	}
 	for _, s := range t.Steps {
 		if s.Truncated {

@@ -231,13 +231,17 @@ func (p printer) end(t *trajectory.Trajectory) {
 		p.f("%s    %s\n", p.c(bold, "reward"), p.c(dim, "none (not scored)"))
 		return
 	}
-	code := green
-	if r.Total <= 0 {
-		code = red
-	} else if r.Total < 1 {
-		code = yellow
+	if total, ok := r.Value(); ok {
+		code := green
+		if total <= 0 {
+			code = red
+		} else if total < 1 {
+			code = yellow
+		}
+		p.f("%s    %s  %s\n", p.c(bold, "reward"), p.c(code+bold, fmt.Sprintf("%.3f", total)), bar(total, 20))
+	} else {
+		p.f("%s    %s\n", p.c(bold, "reward"), p.c(yellow+bold, "none (unscored: "+r.ErrorKind+")"))
 	}
-	p.f("%s    %s  %s\n", p.c(bold, "reward"), p.c(code+bold, fmt.Sprintf("%.3f", r.Total)), bar(r.Total, 20))
 	for _, k := range slices.Sorted(maps.Keys(r.Components)) {
 		p.f("          %-22s %8.3f  %s\n", k, r.Components[k], p.c(dim, bar(r.Components[k], 20)))
 	}

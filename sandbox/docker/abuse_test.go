@@ -101,7 +101,7 @@ func quickBackend(t *testing.T) *docker.Backend {
 func describeEnd(tr *trajectory.Trajectory) string {
 	s := fmt.Sprintf("%s (%s)", tr.Termination.Reason, tr.Termination.Message)
 	if tr.Reward != nil {
-		s += fmt.Sprintf(", reward %v %v", tr.Reward.Total, tr.Reward.Components)
+		s += fmt.Sprintf(", reward %v %v", *tr.Reward.Total, tr.Reward.Components)
 	}
 	for _, st := range tr.Steps {
 		if st.Type == trajectory.StepTool && st.ErrorKind != nil {
@@ -145,11 +145,11 @@ func TestAnAgentThatBreaksItsSandboxIsScoredZero(t *testing.T) {
 					t.Logf("after %v: %s", time.Since(start).Round(time.Millisecond), describeEnd(tr))
 					switch rt {
 					case sandbox.RuntimeRunc:
-						if tr.Termination.Reason != trajectory.EndFinished || tr.Reward == nil || tr.Reward.Total != 1 {
+						if tr.Termination.Reason != trajectory.EndFinished || tr.Reward == nil || *tr.Reward.Total != 1 {
 							t.Errorf("under runc the attack cannot work; the episode must end as if it had not been tried: %s", describeEnd(tr))
 						}
 					case sandbox.RuntimeRunsc:
-						if tr.Termination.Reason != trajectory.EndSandboxAbuse || tr.Reward == nil || tr.Reward.Total != 0 ||
+						if tr.Termination.Reason != trajectory.EndSandboxAbuse || tr.Reward == nil || *tr.Reward.Total != 0 ||
 							len(tr.Reward.Components) != 1 || tr.Reward.Components[trajectory.AbuseComponent] != 0 {
 							t.Errorf("want sandbox_abuse with reward 0 (component %s): %s", trajectory.AbuseComponent, describeEnd(tr))
 						}

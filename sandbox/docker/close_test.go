@@ -212,7 +212,7 @@ func TestAnEpisodeRecordsAContainerThatCouldNotBeRemoved(t *testing.T) {
 		defer need(t).Client().ContainerRemove(context.Background(), sb.Info().ID, container.RemoveOptions{Force: true})
 	}
 	sb := made[0]
-	if tr.Termination.Reason != "finished" || tr.Reward == nil || tr.Reward.Total != 1 {
+	if tr.Termination.Reason != "finished" || tr.Reward == nil || *tr.Reward.Total != 1 {
 		t.Errorf("the end changed: %s", describeEnd(tr))
 	}
 	if ce := tr.Sandbox.CloseError; !strings.Contains(ce, sb.Info().ID) || !strings.Contains(ce, "exit event") {
