@@ -187,7 +187,7 @@ func TestTheWASMBackendPassesOrExplainsEveryProbe(t *testing.T) {
 		// The helpers' confinement and the attacks that reached the host
 		// through the former in-process interpreter.
 		"capabilities", "seccomp", "no-new-privileges", "escape-syscalls", "host-filesystem",
-		"tmpdir-host-write", "fifo-threads", "memory-bypass", "host-path-oracle", "cpu-quota"} {
+		"tmpdir-host-write", "fifo-threads", "memory-bypass", "host-path-oracle", "cpu-quota", "command-leftovers"} {
 		if p := probe(rep, must); p.Status != audit.StatusPass {
 			t.Errorf("%s: %s, want pass on wasm: %s", must, p.Status, p.Evidence)
 		}

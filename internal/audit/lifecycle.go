@@ -23,7 +23,7 @@ import (
 // PID 1 and the lister. Three rounds, since escaping a sweep is a race.
 func (r *runner) leftovers(ctx context.Context) Probe {
 	if r.wasm {
-		return Probe{Status: StatusNA, Evidence: "no processes: a command's shell jobs and modules end with the command (the fork-bomb probe shows them bounded)"}
+		return r.wasmLeftovers(ctx)
 	}
 	var ev []string
 	pass := true
@@ -176,4 +176,27 @@ func (r *runner) removed(ctx context.Context) Probe {
 		ev = append(ev, fmt.Sprintf("host: the sandbox is still there after Close (%v)", ierr))
 	}
 	return Probe{Status: status(pass), Evidence: strings.Join(ev, "; ")}
+}
+
+// wasmLeftovers starts background jobs that would write after their
+// command ended (a plain job, a disowned one, one in a subshell, one in a
+// nested sh -c) and checks, after they would have, that none did.
+func (r *runner) wasmLeftovers(ctx context.Context) Probe {
+	const late = "/tmp/.rollbox-late"
+	script := `(sleep 0.5; echo a >> ` + late + `) & (sleep 0.5; echo b >> ` + late + `) & disown; ( (sleep 0.5; echo c >> ` + late + `) & ); sh -c '(sleep 0.5; echo d >> ` + late + `) &'; echo started`
+	res, err := r.sb.Exec(ctx, sandbox.ExecRequest{Shell: script, Timeout: 30 * time.Second})
+	if err != nil {
+		return Probe{Status: StatusFail, Evidence: "the sandbox broke: " + err.Error()}
+	}
+	select {
+	case <-time.After(1500 * time.Millisecond):
+	case <-ctx.Done():
+		return Probe{Status: StatusFail, Evidence: ctx.Err().Error()}
+	}
+	data, err := r.sb.ReadFile(ctx, late, 0)
+	ev := fmt.Sprintf("four background jobs (plain, disowned, in a subshell, in sh -c) that write 0.5 s after their command: the command printed %q", strings.TrimSpace(string(res.Stdout)))
+	if err == nil {
+		return Probe{Status: StatusFail, Evidence: ev + fmt.Sprintf("; 1.5 s later %s holds %q: a job outlived its command", late, data)}
+	}
+	return Probe{Status: StatusPass, Evidence: ev + "; 1.5 s later nothing had written: the jobs ended with their command"}
 }
