@@ -26,11 +26,17 @@ func (s *Session) deadlineErr(ctx context.Context) error {
 
 var errEpisodeTimeout = errors.New("episode deadline passed")
 
-// endCtx ends the episode for a context error or the deadline.
+// endCtx ends the episode for a context error or the deadline. A context
+// cancelled with a *StopCause ends the episode for the cause's reason
+// (interrupted, when the service stops), whichever of the episode's steps
+// notices first.
 func (s *Session) endCtx(ctx context.Context, err error) error {
+	var sc *StopCause
 	switch {
 	case errors.Is(err, errEpisodeTimeout) || errors.Is(err, context.DeadlineExceeded):
 		return s.end(ctx, trajectory.EndEpisodeTimeout, fmt.Sprintf("episode_timeout_s %v passed", s.task.Limits.EpisodeTimeoutS))
+	case errors.As(context.Cause(ctx), &sc):
+		return s.end(ctx, sc.Reason, sc.Message)
 	default:
 		msg := err.Error()
 		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
@@ -39,6 +45,16 @@ func (s *Session) endCtx(ctx context.Context, err error) error {
 		return s.end(ctx, trajectory.EndCancelled, "cancelled: "+msg)
 	}
 }
+
+// StopCause is the cause (context.WithCancelCause) of stopping episodes
+// from outside: an episode whose context ends with it ends Reason
+// (trajectory.EndCancelled or EndInterrupted) with Message, instead of the
+// generic "cancelled".
+type StopCause struct {
+	Reason, Message string
+}
+
+func (c *StopCause) Error() string { return c.Reason + ": " + c.Message }
 
 // endFor ends the episode for an error from the sandbox (or the context):
 // sandbox_abuse when the agent's own commands broke the sandbox (scored 0),

@@ -343,3 +343,46 @@ func TestCancellingTheRunEndsTheEpisodeCancelled(t *testing.T) {
 		t.Fatalf("termination %+v reward %+v", tr.Termination, tr.Reward)
 	}
 }
+
+// blockedPolicy waits for its context.
+type blockedPolicy struct{}
+
+func (blockedPolicy) Next(ctx context.Context, _ agent.Request) (agent.Turn, error) {
+	<-ctx.Done()
+	return agent.Turn{}, ctx.Err()
+}
+
+func TestAnEpisodeStoppedWithACauseEndsForItsReasonWhereverItIs(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		policy agent.Policy
+		slow   bool // the sandbox is slow to make: stopped while opening
+	}{
+		{"while a tool runs", &turnsPolicy{turns: []agent.Turn{calls("bash", `{"command": "sleep 30"}`)}}, false},
+		{"while the policy is asked", blockedPolicy{}, false},
+		{"while its sandbox is made", blockedPolicy{}, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancelCause(context.Background())
+			time.AfterFunc(300*time.Millisecond, func() {
+				cancel(&agent.StopCause{Reason: trajectory.EndInterrupted, Message: "the service stopped"})
+			})
+			factory := wasmFactory(t)
+			if tt.slow {
+				inner := factory
+				factory = func(ctx context.Context, backend string, spec sandbox.Spec) (sandbox.Sandbox, error) {
+					<-ctx.Done()
+					return inner(context.WithoutCancel(ctx), backend, spec)
+				}
+			}
+			tr, err := agent.Run(ctx, agent.Config{Task: loadTask(t, calcTask), EpisodeID: "ep", Dir: t.TempDir(), Backend: "wasm",
+				NewSandbox: factory, Policy: tt.policy})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tr.Termination.Reason != trajectory.EndInterrupted || tr.Termination.Message != "the service stopped" || tr.Reward != nil {
+				t.Fatalf("termination %+v reward %+v", tr.Termination, tr.Reward)
+			}
+		})
+	}
+}
