@@ -143,7 +143,7 @@ func Open(opts Options) (*Server, *Recovery, error) {
 // recover finalises what a previous process left in the data directory.
 func (s *Server) recover() (*Recovery, error) {
 	rec := &Recovery{}
-	journals, err := trajectory.RecoverDir(s.st.episodesDir)
+	journals, _, err := trajectory.RecoverDir(s.st.episodesDir)
 	if err != nil {
 		s.log.Error("some journals could not be recovered", "err", err)
 	}

@@ -6,7 +6,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sort"
+	"strings"
 	"testing"
+
+	"github.com/rollbox/rollbox/internal/tmpfs"
 )
 
 func TestBytesSurviveJSONLosslessly(t *testing.T) {
@@ -40,7 +44,7 @@ func TestWriterJournalsStepsAndRecoverMarksInterrupted(t *testing.T) {
 	f.WriteString(`{"k":"step","v":{"ty`)
 	f.Close()
 
-	got, err := RecoverDir(dir)
+	got, _, err := RecoverDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,5 +87,58 @@ func TestReadRefusesANewerSchema(t *testing.T) {
 	os.WriteFile(p, []byte(`{"schema": "rollbox.trajectory/v2"}`), 0o644)
 	if _, err := Read(p); !errors.Is(err, ErrNewerSchema) {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestARecordThatCannotBeWrittenLeavesNothingBehind(t *testing.T) {
+	dir := tmpfs.Mount(t, 256<<10)
+	filler := filepath.Join(dir, "filler")
+	tmpfs.Fill(t, filler, 1<<30)
+	if w, err := NewWriter(dir, &Trajectory{EpisodeID: "full-at-start"}); err == nil {
+		t.Fatalf("NewWriter on a full disk: %v", w)
+	}
+	os.Remove(filler)
+	w, err := NewWriter(dir, &Trajectory{EpisodeID: "full-at-end"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Step(Step{Type: StepModel, Content: "hi"}); err != nil {
+		t.Fatal(err)
+	}
+	tmpfs.Fill(t, filler, 1<<30)
+	big := strings.Repeat("x", 64<<10) // more than the journal's last page can take
+	if err := w.End(&Termination{Reason: EndFinished, Message: big}, nil, Stats{}); err == nil {
+		t.Fatal("End on a full disk succeeded")
+	}
+	os.Remove(filler)
+	left, _ := filepath.Glob(filepath.Join(dir, "full-at-*"))
+	if len(left) != 0 {
+		t.Errorf("left behind: %v", left)
+	}
+}
+
+func TestRecoverDirDropsEmptyJournalsAndHalfWrittenDocuments(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "empty"+PartialSuffix), nil, 0o644)
+	os.WriteFile(filepath.Join(dir, "torn"+PartialSuffix), []byte(`{"k":"head`), 0o644)
+	os.WriteFile(filepath.Join(dir, "half.json"+tmpSuffix), []byte(`{"sch`), 0o644)
+	w, _ := NewWriter(dir, &Trajectory{EpisodeID: "ended"})
+	w.End(&Termination{Reason: EndFinished}, nil, Stats{})
+	os.WriteFile(filepath.Join(dir, "ended"+PartialSuffix), []byte(`{"k":"header","v":{"episode_id":"ended"}}`+"\n"), 0o644)
+
+	got, dropped, err := RecoverDir(dir)
+	if err != nil || len(got) != 0 {
+		t.Fatalf("recovered %d: %v", len(got), err)
+	}
+	sort.Strings(dropped)
+	if strings.Join(dropped, " ") != "empty torn" {
+		t.Errorf("dropped %v", dropped)
+	}
+	names, _ := filepath.Glob(filepath.Join(dir, "*"))
+	if len(names) != 1 || filepath.Base(names[0]) != "ended.json" {
+		t.Errorf("left %v", names)
+	}
+	if tr, err := Read(filepath.Join(dir, "ended.json")); err != nil || tr.Termination.Reason != EndFinished {
+		t.Errorf("the ended episode's document was replaced: %+v %v", tr, err)
 	}
 }

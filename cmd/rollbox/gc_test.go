@@ -147,7 +147,7 @@ func TestGCAfterAKilledRunLeavesNothing(t *testing.T) {
 		t.Errorf("temp files left: %v", files)
 	}
 
-	ts, err := trajectory.RecoverDir(filepath.Join(outKilled, "episodes"))
+	ts, _, err := trajectory.RecoverDir(filepath.Join(outKilled, "episodes"))
 	if err != nil || len(ts) != 3 {
 		t.Fatalf("recovered %d trajectories, err %v; want 3", len(ts), err)
 	}
