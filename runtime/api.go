@@ -16,16 +16,25 @@ import (
 
 // Error codes of the API's error bodies.
 const (
-	codeBadRequest    = "bad_request"
-	codeNotFound      = "not_found"
-	codeOverloaded    = "overloaded"
-	codeTooLarge      = "too_large"
-	codeConflict      = "episode_ended"
-	codeUnavailable   = "sandbox_unavailable"
-	codeInternal      = "internal"
-	codeShuttingDown  = "shutting_down"
-	maxRolloutBody    = 64 << 20
-	maxEnvRequestBody = 16 << 20
+	codeBadRequest   = "bad_request"
+	codeNotFound     = "not_found"
+	codeOverloaded   = "overloaded"
+	codeTooLarge     = "too_large"
+	codeConflict     = "episode_ended"
+	codeUnavailable  = "sandbox_unavailable"
+	codeInternal     = "internal"
+	codeShuttingDown = "shutting_down"
+	// codeRecovering: the service is finalising what a previous process
+	// left; the request can be answered once it has (Retry-After).
+	codeRecovering          = "recovering"
+	codeInsufficientStorage = "insufficient_storage"
+	codeStorageUnavailable  = "storage_unavailable"
+	codeUnauthorized        = "unauthorized"
+	codeForbidden           = "forbidden"
+	codeUnsupportedMedia    = "unsupported_media_type"
+	codeTimeout             = "timeout"
+	maxRolloutBody          = 64 << 20
+	maxEnvRequestBody       = 16 << 20
 )
 
 // apiError is an error answer: {"error": {"code", "message", "field"}}.

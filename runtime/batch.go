@@ -61,9 +61,13 @@ type Summary struct {
 	Groups     []GroupSummary          `json:"groups"`
 	// InfraRetries counts episode attempts restarted after an
 	// infrastructure failure before the policy saw anything (the service).
-	InfraRetries int       `json:"infra_retries,omitempty"`
-	WallTimeS    float64   `json:"wall_time_s"`
-	StartedAt    time.Time `json:"started_at"`
+	InfraRetries int `json:"infra_retries,omitempty"`
+	// Unrecorded lists the episodes that ended without a readable record
+	// (record_error: the disk was full); they count in episodes and ends,
+	// unscored, and exports leave them out (the service).
+	Unrecorded []string  `json:"unrecorded,omitempty"`
+	WallTimeS  float64   `json:"wall_time_s"`
+	StartedAt  time.Time `json:"started_at"`
 }
 
 // TaskSummary is one task's line of the summary.

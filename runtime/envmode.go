@@ -103,6 +103,9 @@ func (s *Server) postEpisode(w http.ResponseWriter, r *http.Request) error {
 	if task.Sandbox.Backend != "" {
 		backend = task.Sandbox.Backend
 	}
+	if err := s.refuseNewWork(); err != nil {
+		return err
+	}
 	s.mu.Lock()
 	switch {
 	case s.closing:
@@ -162,6 +165,7 @@ func (s *Server) postEpisode(w http.ResponseWriter, r *http.Request) error {
 	s.mu.Lock()
 	s.env[id] = ep
 	s.mu.Unlock()
+	s.envOpen.Add(1)
 	s.metrics.Episodes.WithLabelValues("env").Inc()
 	tools := []OpenAITool{}
 	for _, t := range sess.Tools() {
@@ -181,6 +185,10 @@ func (s *Server) recordEnvEnd(ep *envEpisode, t *trajectory.Trajectory) {
 	}
 	now := time.Now().UTC()
 	ep.rec.State, ep.rec.Reason, ep.rec.EndedAt = episodeDone, t.Termination.Reason, &now
+	if t.Termination.Reason == trajectory.EndRecordError {
+		ep.rec.Message = t.Termination.Message
+		s.storage.kick()
+	}
 	if v, ok := t.Value(); ok {
 		ep.rec.Reward = &v
 	}
@@ -208,6 +216,7 @@ func (s *Server) closeEnv(ep *envEpisode) {
 	delete(s.env, ep.id)
 	s.mu.Unlock()
 	if open {
+		s.envOpen.Add(-1)
 		s.metrics.Episodes.WithLabelValues("env").Dec()
 	}
 	ep.cancel()
@@ -353,25 +362,46 @@ func (s *Server) getEpisode(w http.ResponseWriter, r *http.Request) error {
 	if rec == nil {
 		return notFound("episode", id)
 	}
+	var ro *rollout
+	if rec.Mode == "rollout" {
+		if ro, err = s.lookupRollout(rec.RolloutID); err != nil {
+			return err // recovering: 503
+		}
+	} else if rec.State != episodeDone && s.recoveringAny.Load() {
+		return errRecovering()
+	}
 	t, err := trajectory.Read(s.st.trajectoryPath(id))
-	if errors.Is(err, os.ErrNotExist) {
+	if errors.Is(err, os.ErrNotExist) && rec.State != episodeDone {
 		// Running: its journal so far (read at line boundaries, so never
 		// torn), with no end yet.
 		if t, err = trajectory.Recover(filepath.Join(s.st.episodesDir, id+trajectory.PartialSuffix)); err == nil {
 			t.Termination, t.Reward, t.EndedAt = nil, nil, nil
+		} else if errors.Is(err, os.ErrNotExist) {
+			return notFound("episode record (queued, not started)", id)
 		}
 	}
-	if err != nil {
-		return notFound("episode record (queued, not started)", id)
-	}
-	if rec.Mode == "rollout" {
-		if ro, err := s.lookupRollout(rec.RolloutID); err == nil {
+	if err != nil && rec.State == episodeDone {
+		// Ended without a readable record (record_error: the disk was
+		// full): what the index knows, as a record.
+		t = unreadableTrajectory(rec, nil, nil, "", trajectory.Policy{}, err)
+		if ro != nil {
 			ro.mu.Lock()
 			if e := ro.byID[id]; e != nil {
-				t.Group = e.stats
+				t = unreadableTrajectory(rec, e.task, nil, ro.rec.Backend, ro.rec.Policy, err)
 			}
 			ro.mu.Unlock()
 		}
+		err = nil
+	}
+	if err != nil {
+		return err
+	}
+	if ro != nil {
+		ro.mu.Lock()
+		if e := ro.byID[id]; e != nil {
+			t.Group = e.stats
+		}
+		ro.mu.Unlock()
 	}
 	writeHTTPJSON(w, http.StatusOK, t)
 	return nil

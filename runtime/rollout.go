@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"os"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/rollbox/rollbox/agent"
@@ -47,6 +49,10 @@ type rollout struct {
 	cancel   context.CancelCauseFunc
 
 	queue []*job // guarded by the scheduler's mu
+
+	// saveMu orders the writes of the rollout's record: each takes the
+	// record as it is when it writes, so the last write has the last state.
+	saveMu sync.Mutex
 
 	mu        sync.Mutex
 	rec       *rolloutRecord
@@ -410,14 +416,29 @@ func (s *Server) resolveTask(raw json.RawMessage, field string) (*agent.Task, er
 	return t, nil
 }
 
+// refuseNewWork is the error new work (a rollout, an environment episode)
+// gets while the service cannot take it: shutting down, recovering what a
+// previous process left, or a data directory that cannot take more records.
+func (s *Server) refuseNewWork() error {
+	switch {
+	case s.closingFlag.Load():
+		return &apiError{Status: http.StatusServiceUnavailable, Code: codeShuttingDown, Message: "the service is shutting down", RetryAfter: 5}
+	case s.recoveringAny.Load():
+		return errRecovering()
+	}
+	return s.storage.refusal()
+}
+
+func errRecovering() error {
+	return &apiError{Status: http.StatusServiceUnavailable, Code: codeRecovering, RetryAfter: 2,
+		Message: "the service is recovering what its previous process left in the data directory; retry shortly"}
+}
+
 // submit admits a parsed rollout: indexed in the store, then queued.
 func (s *Server) submit(r *rollout, jobs []*job) error {
-	s.mu.Lock()
-	if s.closing {
-		s.mu.Unlock()
-		return &apiError{Status: 503, Code: codeShuttingDown, Message: "the service is shutting down", RetryAfter: 5}
+	if err := s.refuseNewWork(); err != nil {
+		return err
 	}
-	s.mu.Unlock()
 	r.ctx, r.cancel = context.WithCancelCause(s.ctx)
 	recs := make([]*episodeRecord, len(r.episodes))
 	for i, e := range r.episodes {
@@ -463,12 +484,9 @@ func (s *Server) startJob(j *job) {
 		if first {
 			r.rec.State = RolloutRunning
 		}
-		rec := *r.rec
 		r.mu.Unlock()
 		if first {
-			if err := s.st.putRollout(&rec); err != nil {
-				s.log.Error("store", "rollout", r.id, "err", err)
-			}
+			s.saveRollout(r)
 		}
 		t, err := s.runEpisode(r.ctx, j)
 		s.metrics.Episodes.WithLabelValues("running").Dec()
@@ -536,60 +554,159 @@ func (s *Server) openRetry(episode, backend string, counted func()) agent.Retry 
 	})
 }
 
+// saveRollout writes the rollout's record as it is now.
+func (s *Server) saveRollout(r *rollout) {
+	r.saveMu.Lock()
+	defer r.saveMu.Unlock()
+	r.mu.Lock()
+	cp := *r.rec
+	r.mu.Unlock()
+	if err := s.st.putRollout(&cp); err != nil {
+		s.log.Error("store", "rollout", r.id, "err", err)
+	}
+}
+
+// endedEpisode is an episode's end to record: its trajectory (nil when
+// there is none) and the error that came with it.
+type endedEpisode struct {
+	e   *episodeState
+	t   *trajectory.Trajectory
+	err error
+}
+
 // endEpisode records an episode's end: the index, the rollout's counts and
 // groups, metrics; the rollout's own end when it was the last.
 func (s *Server) endEpisode(r *rollout, e *episodeState, t *trajectory.Trajectory, recordErr error) {
+	s.recordEnds(r, []endedEpisode{{e, t, recordErr}})
+}
+
+// recordEnds records many episodes' ends at once: in memory under one lock,
+// in the index in one transaction (a single end joins concurrent ones in a
+// batch). Their records are already durable (written, synced).
+func (s *Server) recordEnds(r *rollout, ends []endedEpisode) {
 	now := time.Now().UTC()
+	recs := make([]*episodeRecord, 0, len(ends))
+	recordErrors := 0
 	r.mu.Lock()
-	rec := e.rec
-	rec.State, rec.EndedAt = episodeDone, &now
-	switch {
-	case t != nil && t.Termination != nil:
-		rec.Reason = t.Termination.Reason
-		if v, ok := t.Value(); ok {
-			rec.Reward = &v
-		}
-		if len(t.Stats.ToolErrors) > 0 {
-			rec.ToolErrors = copyCounts(t.Stats.ToolErrors)
-		}
-	default:
-		rec.Reason = trajectory.EndSandboxError
-		if recordErr != nil {
-			rec.Reason = trajectory.EndRecordError
-		}
-	}
-	s.metrics.EpisodesEnded.WithLabelValues("rollout", rec.Reason).Inc()
-	rolloutEnded := len(r.finished)+1 == len(r.episodes)
-	if rolloutEnded {
+	ended := false
+	for _, it := range ends {
+		rec := it.e.rec
+		rec.State, rec.EndedAt = episodeDone, &now
 		switch {
-		case r.rec.State == RolloutCancelled || r.rec.State == RolloutInterrupted:
+		case it.t != nil && it.t.Termination != nil:
+			rec.Reason = it.t.Termination.Reason
+			if v, ok := it.t.Value(); ok {
+				rec.Reward = &v
+			}
+			if len(it.t.Stats.ToolErrors) > 0 {
+				rec.ToolErrors = copyCounts(it.t.Stats.ToolErrors)
+			}
+			if rec.Reason == trajectory.EndRecordError {
+				rec.Message = it.t.Termination.Message
+			}
+		case it.err != nil && (errors.As(it.err, new(*agent.RecordError)) || it.t == nil && isWriteError(it.err)):
+			rec.Reason, rec.Message = trajectory.EndRecordError, "the record could not be written: "+it.err.Error()
 		default:
-			r.rec.State = RolloutDone
+			rec.Reason = trajectory.EndSandboxError
 		}
-		r.rec.EndedAt = &now
-		s.metrics.Rollouts.WithLabelValues(r.rec.State).Inc()
-	}
-	ended := r.endLocked(e)
-	recCopy := *rec
-	var rolloutRec *rolloutRecord
-	if ended {
-		cp := *r.rec
-		rolloutRec = &cp
+		if rec.Reason == trajectory.EndRecordError {
+			recordErrors++
+		}
+		s.metrics.EpisodesEnded.WithLabelValues("rollout", rec.Reason).Inc()
+		if len(r.finished)+1 == len(r.episodes) {
+			switch {
+			case r.rec.State == RolloutCancelled || r.rec.State == RolloutInterrupted:
+			default:
+				r.rec.State = RolloutDone
+			}
+			r.rec.EndedAt = &now
+			s.metrics.Rollouts.WithLabelValues(r.rec.State).Inc()
+		}
+		ended = r.endLocked(it.e)
+		cp := *rec
+		recs = append(recs, &cp)
 	}
 	r.mu.Unlock()
-	if err := s.st.putEpisode(&recCopy); err != nil {
-		s.log.Error("store", "episode", rec.ID, "err", err)
+	if recordErrors > 0 {
+		s.storage.kick()
 	}
-	if rolloutRec != nil {
-		if err := s.st.putRollout(rolloutRec); err != nil {
-			s.log.Error("store", "rollout", r.id, "err", err)
+	var err error
+	switch {
+	case len(recs) == 1 && !ended:
+		err = s.st.putEpisode(recs[0])
+	default:
+		r.saveMu.Lock()
+		var rolloutRec []*rolloutRecord
+		if ended {
+			r.mu.Lock()
+			cp := *r.rec
+			r.mu.Unlock()
+			rolloutRec = append(rolloutRec, &cp)
 		}
+		err = s.st.putEnds(recs, rolloutRec...)
+		r.saveMu.Unlock()
+	}
+	if err != nil {
+		// The records are on disk (or the ends are record_error): the index
+		// learns them when it can be written again.
+		s.log.Error("store: indexing episode ends failed; retried when the data directory takes writes", "rollout", r.id, "episodes", len(recs), "err", err)
+		s.keepUnindexed(recs, r, ended)
+		s.storage.kick()
+	} else {
+		s.flushUnindexed()
+	}
+	if ended {
 		st := r.status()
-		s.log.Info("rollout ended", "rollout", r.id, "state", rolloutRec.State, "episodes", st.EpisodesTotal,
+		s.log.Info("rollout ended", "rollout", r.id, "state", st.State, "interrupted", st.Interrupted, "episodes", st.EpisodesTotal,
 			"scored", st.Scored, "ends", st.Ends, "infra_retries", st.InfraRetries)
 		r.cancel(errors.New("the rollout ended"))
 		s.forgetLater(r)
 	}
+}
+
+// keepUnindexed keeps episode ends (and the rollout's record when it ended)
+// that the index could not take, for flushUnindexed.
+func (s *Server) keepUnindexed(recs []*episodeRecord, r *rollout, ended bool) {
+	s.unindexedMu.Lock()
+	defer s.unindexedMu.Unlock()
+	s.unindexed = append(s.unindexed, recs...)
+	if ended {
+		s.unindexedRollouts = append(s.unindexedRollouts, r)
+	}
+	s.unindexedAny.Store(true)
+}
+
+// flushUnindexed writes the ends the index could not take before, in one
+// transaction; what still fails stays for the next try.
+func (s *Server) flushUnindexed() {
+	if !s.unindexedAny.Load() {
+		return
+	}
+	s.unindexedMu.Lock()
+	defer s.unindexedMu.Unlock()
+	if len(s.unindexed) == 0 && len(s.unindexedRollouts) == 0 {
+		return
+	}
+	var rollouts []*rolloutRecord
+	for _, r := range s.unindexedRollouts {
+		r.mu.Lock()
+		cp := *r.rec
+		r.mu.Unlock()
+		rollouts = append(rollouts, &cp)
+	}
+	if err := s.st.putEnds(s.unindexed, rollouts...); err != nil {
+		s.log.Warn("store: the index still cannot take the ends kept for it", "episodes", len(s.unindexed), "err", err)
+		return
+	}
+	s.log.Info("store: indexed the episode ends kept while the data directory could not take them", "episodes", len(s.unindexed))
+	s.unindexed, s.unindexedRollouts = nil, nil
+	s.unindexedAny.Store(false)
+}
+
+// isWriteError reports whether err is a failure to write to the disk.
+func isWriteError(err error) bool {
+	var pe *os.PathError
+	return errors.As(err, &pe) || errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EROFS) || errors.Is(err, syscall.EIO)
 }
 
 // forgetLater drops an ended rollout from memory after Limits.KeepEnded;
@@ -611,6 +728,11 @@ func (s *Server) cancelRollout(r *rollout, reason string) {
 	s.stopRollout(r, RolloutCancelled, trajectory.EndCancelled, reason)
 }
 
+// stopRollout stops a rollout in O(1) for its caller: the new state is
+// recorded, the queued episodes leave the scheduler, the running ones are
+// cancelled with an agent.StopCause (so whatever they are doing ends for
+// endReason), and the queued ones' records are written in the background,
+// in bulk (WriteFiles: one sync; recordEnds: one transaction).
 func (s *Server) stopRollout(r *rollout, state, endReason, message string) {
 	r.mu.Lock()
 	if terminalState(r.rec.State) {
@@ -618,61 +740,39 @@ func (s *Server) stopRollout(r *rollout, state, endReason, message string) {
 		return
 	}
 	r.rec.State, r.rec.Message = state, message
-	cp := *r.rec
-	var live []*agent.Session
-	for _, e := range r.episodes {
-		if e.session != nil {
-			live = append(live, e.session)
-		}
-	}
 	r.mu.Unlock()
-	if err := s.st.putRollout(&cp); err != nil {
-		s.log.Error("store", "rollout", r.id, "err", err)
-	}
+	s.saveRollout(r)
 	jobs := s.sched.withdraw(r)
 	s.metrics.Episodes.WithLabelValues("queued").Sub(float64(len(jobs)))
-	// End the running ones with the right reason first, then cancel what
-	// they are doing (a tool in flight is killed, the policy call dropped).
-	var wg sync.WaitGroup
-	for _, sess := range live {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sess.Cancel(context.Background(), endReason, message)
-		}()
-	}
 	if r.cancel != nil {
-		r.cancel(errors.New(message))
+		r.cancel(&agent.StopCause{Reason: endReason, Message: message})
 	}
-	wg.Wait()
-	for _, j := range jobs {
-		t, err := s.writeUnstarted(r, j.ep, endReason, message+" (before the episode started)")
-		s.endEpisode(r, j.ep, t, err)
+	if len(jobs) == 0 {
+		return
 	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.endUnstarted(r, jobs, endReason, message+" (before the episode started)")
+	}()
 }
 
-// writeUnstarted records an episode that never started, ended for reason.
-func (s *Server) writeUnstarted(r *rollout, e *episodeState, reason, message string) (*trajectory.Trajectory, error) {
-	return writeUnstartedRecord(s.st.episodesDir, e.rec, e.task, r.backend, r.rec.Policy, reason, message)
-}
-
-func writeUnstartedRecord(dir string, rec *episodeRecord, task *agent.Task, backend string, pol trajectory.Policy, reason, message string) (*trajectory.Trajectory, error) {
-	taskJSON, _ := json.Marshal(task)
-	if task.Sandbox.Backend != "" {
-		backend = task.Sandbox.Backend
+// endUnstarted records episodes that never started, ended for reason: their
+// records written together (one sync), then indexed together.
+func (s *Server) endUnstarted(r *rollout, jobs []*job, reason, message string) {
+	ts := make([]*trajectory.Trajectory, len(jobs))
+	for i, j := range jobs {
+		ts[i] = unstartedTrajectory(j.ep.rec, j.ep.task, r.backend, r.rec.Policy, reason, message)
 	}
-	t := &trajectory.Trajectory{EpisodeID: rec.ID, RolloutID: rec.RolloutID, GroupID: rec.GroupID, GroupIndex: rec.GroupIndex,
-		TaskID: task.ID, TaskHash: task.Hash(), Seed: int64(rec.GroupIndex), Task: taskJSON, StartedAt: time.Now().UTC(),
-		Sandbox: trajectory.Sandbox{Backend: backend}, Policy: pol,
-		Pinned: map[string]string{"seed": fmt.Sprint(rec.GroupIndex), "episode_id": rec.ID}}
-	w, err := trajectory.NewWriter(dir, t)
-	if err != nil {
-		return nil, err
+	errs := trajectory.WriteFiles(s.st.episodesDir, ts)
+	ends := make([]endedEpisode, len(jobs))
+	for i, j := range jobs {
+		ends[i] = endedEpisode{e: j.ep, t: ts[i]}
+		if errs[i] != nil {
+			ends[i] = endedEpisode{e: j.ep, err: &agent.RecordError{EpisodeID: j.ep.rec.ID, Err: errs[i]}}
+		}
 	}
-	if err := w.End(&trajectory.Termination{Reason: reason, Message: message, Step: -1}, nil, trajectory.Stats{ToolErrors: map[string]int{}}); err != nil {
-		return nil, err
-	}
-	return w.Trajectory(), nil
+	s.recordEnds(r, ends)
 }
 
 // readEpisode reads a finished episode's record with its group statistics.
@@ -723,6 +823,34 @@ func (s *Server) loadRollout(id string) (*rollout, error) {
 		}
 		r.addEpisode(&episodeState{rec: er, task: task})
 	}
+	// An ended rollout whose index lost some ends (the disk was full when
+	// they were written, and the process stopped before it could retry):
+	// each is what its record says, or record_error without one.
+	if rec.EndedAt != nil {
+		seq := 0
+		for _, e := range eps {
+			seq = max(seq, e.Seq)
+		}
+		var fixed []*episodeRecord
+		for _, e := range eps {
+			if e.State == episodeDone {
+				continue
+			}
+			seq++
+			e.State, e.Seq, e.EndedAt = episodeDone, seq, rec.EndedAt
+			if o, err := readOutcome(s.st.trajectoryPath(e.ID)); err == nil {
+				setOutcome(e, o)
+			} else {
+				e.Reason, e.Message = trajectory.EndRecordError, "the index lost this episode's end and it has no readable record: "+err.Error()
+			}
+			fixed = append(fixed, e)
+		}
+		if len(fixed) > 0 {
+			if err := s.st.putEnds(fixed); err != nil {
+				s.log.Error("store: repairing an ended rollout's index", "rollout", id, "err", err)
+			}
+		}
+	}
 	// Replay the ends in their order.
 	done := []*episodeState{}
 	for _, e := range r.episodes {
@@ -739,11 +867,15 @@ func (s *Server) loadRollout(id string) (*rollout, error) {
 	return r, nil
 }
 
-// lookupRollout finds a rollout in memory or in the store.
+// lookupRollout finds a rollout in memory or in the store; one being
+// recovered is a 503 "recovering".
 func (s *Server) lookupRollout(id string) (*rollout, error) {
 	s.mu.Lock()
-	r := s.rollouts[id]
+	r, recovering := s.rollouts[id], s.recovering[id]
 	s.mu.Unlock()
+	if recovering {
+		return nil, errRecovering()
+	}
 	if r != nil {
 		return r, nil
 	}

@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rollbox/rollbox/sandbox"
@@ -44,6 +45,13 @@ type Limits struct {
 	// already attached keep theirs); after that it is read back from the
 	// store when asked for (default 10 minutes).
 	KeepEnded time.Duration
+	// DiskReserve is the free space of the data directory below which new
+	// work is refused (507) and queued episodes wait, so that the episodes
+	// running can still write their records (default 1 GiB).
+	DiskReserve int64
+	// StorageCheckEvery is how often the data directory's free space is
+	// measured (default 1 s; every tenth check also writes a probe file).
+	StorageCheckEvery time.Duration
 }
 
 func (l Limits) withDefaults() Limits {
@@ -81,6 +89,12 @@ func (l Limits) withDefaults() Limits {
 	if l.KeepEnded <= 0 {
 		l.KeepEnded = 10 * time.Minute
 	}
+	if l.DiskReserve <= 0 {
+		l.DiskReserve = 1 << 30
+	}
+	if l.StorageCheckEvery <= 0 {
+		l.StorageCheckEvery = time.Second
+	}
 	return l
 }
 
@@ -108,6 +122,12 @@ type demand struct {
 type scheduler struct {
 	limits Limits
 	start  func(*job) // runs a started job in its own goroutine
+	// canStart says whether episodes may start now (the data directory
+	// can take their records); the dispatcher is woken when it may again.
+	canStart func() bool
+	// queuedN and runningN mirror queued and running for readers that
+	// take no lock (/healthz).
+	queuedN, runningN atomic.Int64
 
 	mu             sync.Mutex
 	active         []*rollout // rollouts with queued jobs
@@ -123,9 +143,15 @@ type scheduler struct {
 	sizeWake chan struct{}
 }
 
-func newScheduler(l Limits, start func(*job)) *scheduler {
-	return &scheduler{limits: l, start: start, backendRunning: map[string]int{}, demand: map[demandKey]*demand{},
+func newScheduler(l Limits, start func(*job), canStart func() bool) *scheduler {
+	return &scheduler{limits: l, start: start, canStart: canStart, backendRunning: map[string]int{}, demand: map[demandKey]*demand{},
 		wake: make(chan struct{}, 1), sizeWake: make(chan struct{}, 1)}
+}
+
+// syncCountsLocked publishes queued and running to the lock-free readers.
+func (sc *scheduler) syncCountsLocked() {
+	sc.queuedN.Store(int64(sc.queued))
+	sc.runningN.Store(int64(sc.running))
 }
 
 func signal(ch chan struct{}) {
@@ -158,6 +184,7 @@ func (sc *scheduler) admit(r *rollout, jobs []*job) error {
 	r.queue = jobs
 	sc.active = append(sc.active, r)
 	sc.queued += n
+	sc.syncCountsLocked()
 	for _, j := range jobs {
 		sc.addDemandLocked(j, 1)
 	}
@@ -199,7 +226,7 @@ func (sc *scheduler) addDemandLocked(j *job, d int) {
 func (sc *scheduler) pick() *job {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
-	if sc.running >= sc.limits.MaxRunning {
+	if sc.running >= sc.limits.MaxRunning || (sc.canStart != nil && !sc.canStart()) {
 		return nil
 	}
 	for i := range sc.active {
@@ -224,6 +251,7 @@ func (sc *scheduler) pick() *job {
 		}
 		sc.queued--
 		sc.running++
+		sc.syncCountsLocked()
 		sc.backendRunning[j.plan.backend]++
 		sc.addDemandLocked(j, -1)
 		return j
@@ -235,6 +263,7 @@ func (sc *scheduler) pick() *job {
 func (sc *scheduler) done(j *job) {
 	sc.mu.Lock()
 	sc.running--
+	sc.syncCountsLocked()
 	sc.backendRunning[j.plan.backend]--
 	sc.ended = append(sc.ended, time.Now())
 	if len(sc.ended) > 100000 {
@@ -266,6 +295,7 @@ func (sc *scheduler) withdraw(r *rollout) []*job {
 		}
 	}
 	sc.queued -= len(jobs)
+	sc.syncCountsLocked()
 	for _, j := range jobs {
 		sc.addDemandLocked(j, -1)
 	}
@@ -336,27 +366,13 @@ func (sc *scheduler) sizePools(ctx context.Context, sbx *sandboxes) {
 // sandboxes makes the episodes' sandboxes: straight from the backend, or
 // through the backend's warm pool where it keeps one.
 type sandboxes struct {
-	src     BackendSource
-	metrics *Metrics
-	warm    map[string]int
+	backends *backendOpener
+	metrics  *Metrics
+	warm     map[string]int
 
 	mu     sync.Mutex
 	pools  map[string]*sandbox.Pool // by backend
 	closed bool
-}
-
-// BackendSource opens sandbox backends by name ("wasm", "docker"); the
-// service asks on every create, so it should cache them.
-type BackendSource interface {
-	Backend(ctx context.Context, name string) (sandbox.Backend, error)
-}
-
-// BackendFunc adapts a function to BackendSource.
-type BackendFunc func(ctx context.Context, name string) (sandbox.Backend, error)
-
-// Backend implements BackendSource.
-func (f BackendFunc) Backend(ctx context.Context, name string) (sandbox.Backend, error) {
-	return f(ctx, name)
 }
 
 // pool returns backend's warm pool, or nil when it keeps none.
@@ -379,7 +395,7 @@ func (x *sandboxes) pool(backend string, be sandbox.Backend) *sandbox.Pool {
 
 // setDemand sizes backend's warm pool for n episodes waiting for spec.
 func (x *sandboxes) setDemand(ctx context.Context, backend string, spec sandbox.Spec, n int) {
-	be, err := x.src.Backend(ctx, backend)
+	be, err := x.backends.get(ctx, backend)
 	if err != nil {
 		return // the episodes will fail at create and say why
 	}
@@ -391,9 +407,12 @@ func (x *sandboxes) setDemand(ctx context.Context, backend string, spec sandbox.
 // create makes an episode's sandbox (agent.SandboxFactory): from the
 // backend's warm pool when it keeps one, else created for the episode.
 func (x *sandboxes) create(ctx context.Context, backend string, spec sandbox.Spec) (sandbox.Sandbox, error) {
-	be, err := x.src.Backend(ctx, backend)
+	be, err := x.backends.get(ctx, backend)
 	if err != nil {
 		x.metrics.SandboxFailures.WithLabelValues(backend).Inc()
+		if ctx.Err() != nil {
+			return nil, err
+		}
 		return nil, errors.Join(err, sandbox.ErrEngineUnavailable)
 	}
 	start := time.Now()
@@ -409,6 +428,7 @@ func (x *sandboxes) create(ctx context.Context, backend string, spec sandbox.Spe
 	if err != nil {
 		x.metrics.SandboxFailures.WithLabelValues(backend).Inc()
 	}
+	x.backends.noteCreate(backend, err)
 	return sb, err
 }
 

@@ -13,7 +13,9 @@ import (
 	"os"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -47,6 +49,9 @@ type Options struct {
 	// Logger gets the structured log; slog.Default() when nil.
 	Logger *slog.Logger
 	Limits Limits
+
+	// recoveryGate, when set (by tests), holds the recovery until closed.
+	recoveryGate chan struct{}
 }
 
 // Server is the rollout service: the HTTP API over the scheduler, the
@@ -60,18 +65,37 @@ type Server struct {
 	registry  *prometheus.Registry
 	catalog   map[string]*agent.Task
 	sched     *scheduler
+	backends  *backendOpener
 	sandboxes *sandboxes
+	storage   *storageMonitor
 	endpoints *endpoints
 	mux       *http.ServeMux
 	started   time.Time
 
-	ctx    context.Context // lifecycle: cancelled by Close
-	cancel context.CancelFunc
-	bg     sync.WaitGroup // dispatcher, pool sizer, reaper
-	wg     sync.WaitGroup // episodes
+	ctx    context.Context // lifecycle: cancelled (with an agent.StopCause) by Shutdown
+	cancel context.CancelCauseFunc
+	bg     sync.WaitGroup // dispatcher, pool sizer, reaper, storage monitor, recovery
+	wg     sync.WaitGroup // episodes, and the records of episodes ended unstarted
+
+	// recovered is closed when the recovery of what a previous process left
+	// has ended (recovery and recoveryErr are then set).
+	recovered     chan struct{}
+	recovery      *Recovery
+	recoveryErr   error
+	recoveringAny atomic.Bool
+	closingFlag   atomic.Bool
+	envOpen       atomic.Int64
+
+	// unindexed are episode ends (and ended rollouts) the index could not
+	// take (a full disk); flushUnindexed retries them.
+	unindexedAny      atomic.Bool
+	unindexedMu       sync.Mutex
+	unindexed         []*episodeRecord
+	unindexedRollouts []*rollout
 
 	mu         sync.Mutex
 	rollouts   map[string]*rollout
+	recovering map[string]bool // rollouts being recovered
 	env        map[string]*envEpisode
 	envOpening int
 	closing    bool
@@ -79,26 +103,19 @@ type Server struct {
 	closeErr   error
 }
 
-// Recovery is what Open found of a previous process.
-type Recovery struct {
-	// Interrupted are episodes that were in flight or queued, now recorded
-	// as interrupted.
-	Interrupted []string
-	// Rollouts were running and are now "interrupted" (or "done" when all
-	// their episodes had in fact ended).
-	Rollouts []string
-}
-
-// Open opens the data directory, recovers what a crashed or stopped
-// process left (episodes in flight or queued are recorded as interrupted,
-// their rollouts marked), and starts the scheduler. Orphaned containers are
-// the caller's to remove (cmd/rollbox serve does, by owner label).
-func Open(opts Options) (*Server, *Recovery, error) {
+// Open opens the data directory and starts the service at once: the
+// scheduler runs and Handler answers while what a crashed or stopped
+// process left is recovered in the background (episodes in flight or queued
+// are recorded as interrupted, their rollouts marked); until then the
+// requests that need it answer 503 "recovering" (Recovered waits for it).
+// Orphaned containers are the caller's to remove (cmd/rollbox serve does,
+// by owner label).
+func Open(opts Options) (*Server, error) {
 	if opts.DataDir == "" {
-		return nil, nil, errors.New("runtime: Options.DataDir is required")
+		return nil, errors.New("runtime: Options.DataDir is required")
 	}
 	if opts.Backends == nil {
-		return nil, nil, errors.New("runtime: Options.Backends is required")
+		return nil, errors.New("runtime: Options.Backends is required")
 	}
 	if opts.DefaultBackend == "" {
 		opts.DefaultBackend = "wasm"
@@ -114,141 +131,80 @@ func Open(opts Options) (*Server, *Recovery, error) {
 	}
 	st, err := openStore(opts.DataDir)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
+	}
+	unfinished, err := st.unfinishedRollouts()
+	if err != nil {
+		st.Close()
+		return nil, fmt.Errorf("reading %s: %w", opts.DataDir, err)
 	}
 	s := &Server{opts: opts, limits: opts.Limits.withDefaults(), log: opts.Logger, st: st, registry: opts.Registry,
-		catalog: map[string]*agent.Task{}, rollouts: map[string]*rollout{}, env: map[string]*envEpisode{}, started: time.Now()}
+		catalog: map[string]*agent.Task{}, rollouts: map[string]*rollout{}, env: map[string]*envEpisode{}, started: time.Now(),
+		recovering: map[string]bool{}, recovered: make(chan struct{})}
 	for _, t := range opts.Catalog {
 		s.catalog[t.ID] = t
 	}
+	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	s.metrics = NewMetrics(opts.Registry)
 	s.endpoints = &endpoints{limit: s.limits.PolicyConcurrency, m: map[string]*endpoint{}}
-	s.sandboxes = &sandboxes{src: opts.Backends, metrics: s.metrics, warm: s.limits.WarmPool, pools: map[string]*sandbox.Pool{}}
-	opts.Registry.MustRegister(poolCollector{s.sandboxes})
-	s.ctx, s.cancel = context.WithCancel(context.Background())
-	rec, err := s.recover()
-	if err != nil {
-		st.Close()
-		return nil, nil, fmt.Errorf("recovering %s: %w", opts.DataDir, err)
+	s.backends = newBackendOpener(s.ctx, opts.Backends, s.log)
+	s.sandboxes = &sandboxes{backends: s.backends, metrics: s.metrics, warm: s.limits.WarmPool, pools: map[string]*sandbox.Pool{}}
+	s.storage = newStorageMonitor(st.dir, s.limits.DiskReserve, s.limits.StorageCheckEvery, s.storageChanged)
+	opts.Registry.MustRegister(poolCollector{s.sandboxes}, healthCollector{s})
+	for _, r := range unfinished {
+		s.recovering[r.ID] = true
 	}
-	s.sched = newScheduler(s.limits, s.startJob)
-	s.bg.Add(3)
+	s.recoveringAny.Store(true)
+	s.sched = newScheduler(s.limits, s.startJob, s.storage.ok)
+	s.bg.Add(5)
 	go func() { defer s.bg.Done(); s.sched.run(s.ctx) }()
 	go func() { defer s.bg.Done(); s.sched.sizePools(s.ctx, s.sandboxes) }()
 	go func() { defer s.bg.Done(); s.reapIdle(s.ctx) }()
+	go func() { defer s.bg.Done(); s.storage.run(s.ctx.Done()) }()
+	go func() {
+		defer s.bg.Done()
+		if opts.recoveryGate != nil {
+			<-opts.recoveryGate
+		}
+		rec, err := s.recover(unfinished)
+		if err != nil {
+			s.log.Error("recovering what the previous process left failed; the rollouts it concerns answer 503 until a restart", "err", err)
+		}
+		s.mu.Lock()
+		s.recovery, s.recoveryErr = rec, err
+		if err == nil {
+			s.recovering = map[string]bool{}
+		}
+		s.mu.Unlock()
+		s.recoveringAny.Store(err != nil)
+		close(s.recovered)
+	}()
 	s.routes()
-	return s, rec, nil
+	return s, nil
 }
 
-// recover finalises what a previous process left in the data directory.
-func (s *Server) recover() (*Recovery, error) {
-	rec := &Recovery{}
-	journals, _, err := trajectory.RecoverDir(s.st.episodesDir)
-	if err != nil {
-		s.log.Error("some journals could not be recovered", "err", err)
+// Recovered waits until the recovery of what a previous process left has
+// ended, and returns what it found.
+func (s *Server) Recovered(ctx context.Context) (*Recovery, error) {
+	select {
+	case <-s.recovered:
+		return s.recovery, s.recoveryErr
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
-	for _, t := range journals {
-		if t.Termination != nil && t.Termination.Reason == trajectory.EndInterrupted {
-			s.metrics.Recovered.Inc()
-		}
-	}
-	rollouts, err := s.st.rollouts()
-	if err != nil {
-		return nil, err
-	}
-	for _, r := range rollouts {
-		if r.EndedAt != nil {
-			continue
-		}
-		ids, err := s.recoverRollout(r)
-		if err != nil {
-			return nil, err
-		}
-		rec.Rollouts = append(rec.Rollouts, r.ID)
-		rec.Interrupted = append(rec.Interrupted, ids...)
-	}
-	envs, err := s.st.openEnvEpisodes()
-	if err != nil {
-		return nil, err
-	}
-	now := time.Now().UTC()
-	for _, e := range envs {
-		e.State, e.EndedAt, e.Reason = episodeDone, &now, trajectory.EndInterrupted
-		if t, err := trajectory.Read(s.st.trajectoryPath(e.ID)); err == nil && t.Termination != nil {
-			e.Reason = t.Termination.Reason
-		}
-		if err := s.st.putEpisode(e); err != nil {
-			return nil, err
-		}
-		if e.Reason == trajectory.EndInterrupted {
-			rec.Interrupted = append(rec.Interrupted, e.ID)
-		}
-	}
-	if len(rec.Interrupted) > 0 || len(rec.Rollouts) > 0 {
-		s.log.Warn("recovered from a previous process", "episodes_interrupted", len(rec.Interrupted), "rollouts", rec.Rollouts)
-	}
-	return rec, nil
 }
 
-// recoverRollout ends every episode of an unfinished rollout: those with a
-// record (ended, or recovered from a journal as interrupted) are indexed as
-// they are; those that never started are recorded as interrupted.
-func (s *Server) recoverRollout(r *rolloutRecord) ([]string, error) {
-	eps, err := s.st.rolloutEpisodes(r.ID)
-	if err != nil {
-		return nil, err
+// storageChanged logs a change of the data directory's state and, when it
+// can take work again, wakes the dispatcher.
+func (s *Server) storageChanged(old, new *StorageHealth) {
+	if new.State == StorageOK {
+		s.log.Info("the data directory takes new work again", "free_bytes", new.FreeBytes)
+		s.flushUnindexed()
+		signal(s.sched.wake)
+		return
 	}
-	seq := 0
-	for _, e := range eps {
-		seq = max(seq, e.Seq)
-	}
-	var interrupted []string
-	now := time.Now().UTC()
-	for _, e := range eps {
-		if e.State == episodeDone {
-			continue
-		}
-		t, err := trajectory.Read(s.st.trajectoryPath(e.ID))
-		if err != nil {
-			if !errors.Is(err, os.ErrNotExist) {
-				return nil, err
-			}
-			task := &agent.Task{}
-			if e.TaskIndex < len(r.Tasks) {
-				json.Unmarshal(r.Tasks[e.TaskIndex], task)
-			}
-			t, err = writeUnstartedRecord(s.st.episodesDir, e, task, r.Backend, r.Policy, trajectory.EndInterrupted,
-				"the service stopped before this episode started")
-			if err != nil {
-				return nil, err
-			}
-			s.metrics.Recovered.Inc()
-		}
-		seq++
-		e.State, e.Seq, e.EndedAt = episodeDone, seq, &now
-		if t.Termination != nil {
-			e.Reason = t.Termination.Reason
-		}
-		if v, ok := t.Value(); ok {
-			e.Reward = &v
-		}
-		if e.Reason == trajectory.EndInterrupted {
-			interrupted = append(interrupted, e.ID)
-		}
-		if err := s.st.putEpisode(e); err != nil {
-			return nil, err
-		}
-	}
-	switch {
-	case r.State == RolloutCancelled:
-	case len(interrupted) > 0:
-		r.State = RolloutInterrupted
-		r.Message = fmt.Sprintf("the service stopped with %d episode(s) of this rollout unfinished; they are recorded as interrupted", len(interrupted))
-	default:
-		r.State = RolloutDone
-	}
-	r.EndedAt = &now
-	return interrupted, s.st.putRollout(r)
+	s.log.Warn("the data directory cannot take new work; new rollouts are refused and queued episodes wait",
+		"state", new.State, "free_bytes", new.FreeBytes, "reserve_bytes", new.ReserveBytes, "err", new.Error)
 }
 
 // Handler is the HTTP API.
@@ -439,7 +395,9 @@ func (s *Server) getRolloutEpisodes(w http.ResponseWriter, r *http.Request) erro
 	var line bytes.Buffer
 	writeLine := func(e *episodeState, stats *trajectory.GroupStats) error {
 		line.Reset()
-		if err := s.episodeLine(&line, e, stats); err != nil {
+		if e.rec.Reason == trajectory.EndRecordError {
+			s.unreadableLine(&line, ro, e, stats, errNoRecord)
+		} else if err := s.episodeLine(&line, e, stats); err != nil {
 			s.log.Error("reading an episode for a stream", "episode", e.rec.ID, "err", err)
 			line.Reset()
 			s.unreadableLine(&line, ro, e, stats, err)
@@ -512,17 +470,12 @@ func (s *Server) rolloutSummary(w http.ResponseWriter, r *http.Request) error {
 		end = *ro.rec.EndedAt
 	}
 	ro.mu.Unlock()
-	var ts []*trajectory.Trajectory
-	for _, e := range list {
-		t, err := s.readEpisode(e, nil)
-		if err != nil {
-			return err
-		}
-		t.Steps = nil // Summarize needs the outcome, not the steps
-		ts = append(ts, t)
-	}
-	sum := Summarize(ro.id, ts)
+	ts, missing, _ := s.readFinished(ro, list, nil, false) // Summarize needs the outcome, not the steps
+	sum := Summarize(ro.id, append(ts, missing...))
 	sum.InfraRetries, sum.StartedAt, sum.WallTimeS = retries, created, end.Sub(created).Seconds()
+	for _, t := range missing {
+		sum.Unrecorded = append(sum.Unrecorded, t.EpisodeID)
+	}
 	writeHTTPJSON(w, http.StatusOK, sum)
 	return nil
 }
@@ -560,28 +513,78 @@ func (s *Server) episodeLine(buf *bytes.Buffer, e *episodeState, stats *trajecto
 // failure, so a reader gets a line for every episode and learns what became
 // of this one.
 func (s *Server) unreadableLine(buf *bytes.Buffer, r *rollout, e *episodeState, stats *trajectory.GroupStats, readErr error) {
-	rec := e.rec
-	t := &trajectory.Trajectory{Schema: trajectory.Schema, EpisodeID: rec.ID, RolloutID: rec.RolloutID, GroupID: rec.GroupID,
-		GroupIndex: rec.GroupIndex, TaskID: rec.TaskID, Seed: int64(rec.GroupIndex), Task: json.RawMessage("{}"),
-		Steps: []trajectory.Step{}, ContextEvents: []trajectory.ContextEvent{}, Stats: trajectory.Stats{ToolErrors: map[string]int{}},
-		Termination: &trajectory.Termination{Reason: trajectory.EndRecordError, Step: -1,
-			Message: fmt.Sprintf("the episode's record could not be read: %v (the index has it ended %s)", readErr, rec.Reason)},
-		Group: stats}
-	if e.task != nil {
-		t.Task, _ = json.Marshal(e.task)
-		t.TaskHash = e.task.Hash()
-		t.Sandbox.Backend = e.task.Sandbox.Backend
-	}
-	if t.Sandbox.Backend == "" {
-		t.Sandbox.Backend = r.rec.Backend
-	}
-	t.Policy = r.rec.Policy
-	if rec.EndedAt != nil {
-		t.StartedAt, t.EndedAt = *rec.EndedAt, rec.EndedAt
-	}
+	t := unreadableTrajectory(e.rec, e.task, stats, r.rec.Backend, r.rec.Policy, readErr)
 	b, _ := json.Marshal(t)
 	buf.Write(b)
 	buf.WriteByte('\n')
+}
+
+// unreadableTrajectory stands for the record of an ended episode that has
+// none that can be read: its identity from the index, an unscored
+// record_error end saying why (the index's message when the record could
+// not be written, else the read error).
+func unreadableTrajectory(rec *episodeRecord, task *agent.Task, stats *trajectory.GroupStats, backend string, pol trajectory.Policy, readErr error) *trajectory.Trajectory {
+	msg := fmt.Sprintf("the episode's record could not be read: %v (the index has it ended %s)", readErr, rec.Reason)
+	if rec.Reason == trajectory.EndRecordError && rec.Message != "" {
+		msg = rec.Message
+	}
+	t := &trajectory.Trajectory{Schema: trajectory.Schema, EpisodeID: rec.ID, RolloutID: rec.RolloutID, GroupID: rec.GroupID,
+		GroupIndex: rec.GroupIndex, TaskID: rec.TaskID, Seed: int64(rec.GroupIndex), Task: json.RawMessage("{}"),
+		Steps: []trajectory.Step{}, ContextEvents: []trajectory.ContextEvent{}, Stats: trajectory.Stats{ToolErrors: map[string]int{}},
+		Termination: &trajectory.Termination{Reason: trajectory.EndRecordError, Step: -1, Message: msg},
+		Group:       stats, Policy: pol}
+	if task != nil {
+		t.Task, _ = json.Marshal(task)
+		t.TaskHash = task.Hash()
+		t.Sandbox.Backend = task.Sandbox.Backend
+	}
+	if t.Sandbox.Backend == "" {
+		t.Sandbox.Backend = backend
+	}
+	if rec.EndedAt != nil {
+		t.StartedAt, t.EndedAt = *rec.EndedAt, rec.EndedAt
+	}
+	return t
+}
+
+// errNoRecord is the read error of an episode that ended record_error.
+var errNoRecord = errors.New("the episode ended without a record (record_error)")
+
+// skippedHeader lists, in an export's answer, the episodes it left out
+// because they have no readable record (record_error); skippedCountHeader
+// counts them (the list stops at about 8 KB).
+const (
+	skippedHeader      = "Rollbox-Skipped-Episodes"
+	skippedCountHeader = "Rollbox-Skipped"
+)
+
+// readFinished reads the records of a rollout's finished episodes (with
+// their group statistics when stats is set). Episodes without a readable
+// record are returned apart, as the index knows them.
+func (s *Server) readFinished(ro *rollout, list []*episodeState, stats []*trajectory.GroupStats, steps bool) (ts []*trajectory.Trajectory, missing []*trajectory.Trajectory, err error) {
+	for i, e := range list {
+		var gs *trajectory.GroupStats
+		if stats != nil {
+			gs = stats[i]
+		}
+		var t *trajectory.Trajectory
+		rerr := errNoRecord
+		if e.rec.Reason != trajectory.EndRecordError {
+			t, rerr = s.readEpisode(e, gs)
+		}
+		if rerr != nil {
+			if rerr != errNoRecord {
+				s.log.Warn("an episode has no readable record", "episode", e.rec.ID, "reason", e.rec.Reason, "err", rerr)
+			}
+			missing = append(missing, unreadableTrajectory(e.rec, e.task, gs, ro.rec.Backend, ro.rec.Policy, rerr))
+			continue
+		}
+		if !steps {
+			t.Steps = nil
+		}
+		ts = append(ts, t)
+	}
+	return ts, missing, nil
 }
 
 // exportRollout writes a rollout's finished episodes as JSONL or Parquet.
@@ -604,13 +607,18 @@ func (s *Server) exportRollout(w http.ResponseWriter, r *http.Request) error {
 		stats[i] = e.stats
 	}
 	ro.mu.Unlock()
-	var ts []*trajectory.Trajectory
-	for i, e := range list {
-		t, err := s.readEpisode(e, stats[i])
-		if err != nil {
-			return err
+	ts, missing, _ := s.readFinished(ro, list, stats, true)
+	if len(missing) > 0 {
+		ids := make([]string, 0, len(missing))
+		size := 0
+		for _, t := range missing {
+			if size += len(t.EpisodeID) + 1; size > 8<<10 {
+				break
+			}
+			ids = append(ids, t.EpisodeID)
 		}
-		ts = append(ts, t)
+		w.Header().Set(skippedCountHeader, strconv.Itoa(len(missing)))
+		w.Header().Set(skippedHeader, strings.Join(ids, ","))
 	}
 	name := ro.id + "." + format
 	w.Header().Set("Content-Disposition", `attachment; filename="`+name+`"`)
@@ -631,30 +639,6 @@ func (s *Server) getMetrics(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// Health is the body of GET /healthz.
-type Health struct {
-	Status          string  `json:"status"`
-	UptimeS         float64 `json:"uptime_s"`
-	EpisodesQueued  int     `json:"episodes_queued"`
-	EpisodesRunning int     `json:"episodes_running"`
-	EnvEpisodes     int     `json:"env_episodes"`
-}
-
-func (s *Server) getHealth(w http.ResponseWriter, r *http.Request) error {
-	q, run := s.sched.counts()
-	s.mu.Lock()
-	env := len(s.env)
-	closing := s.closing
-	s.mu.Unlock()
-	h := Health{Status: "ok", UptimeS: time.Since(s.started).Seconds(), EpisodesQueued: q, EpisodesRunning: run, EnvEpisodes: env}
-	status := http.StatusOK
-	if closing {
-		h.Status, status = "shutting_down", http.StatusServiceUnavailable
-	}
-	writeHTTPJSON(w, status, h)
-	return nil
-}
-
 //go:embed openapi.json
 var openAPI []byte
 
@@ -667,46 +651,81 @@ func (s *Server) getOpenAPI(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// Close stops the service: new work is refused, episodes in flight and
-// queued end "interrupted" (their sandboxes stopped), env episodes too,
-// and the store is closed. It is idempotent.
+// Close stops the service as Shutdown does, within 30 seconds.
 func (s *Server) Close() error {
-	s.closeOnce.Do(func() {
-		s.mu.Lock()
-		s.closing = true
-		var live []*rollout
-		for _, r := range s.rollouts {
-			live = append(live, r)
-		}
-		var envs []*envEpisode
-		for _, e := range s.env {
-			envs = append(envs, e)
-		}
-		s.mu.Unlock()
-		var wg sync.WaitGroup
-		for _, r := range live {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				s.stopRollout(r, RolloutInterrupted, trajectory.EndInterrupted, "the service stopped")
-			}()
-		}
-		for _, e := range envs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				s.endEnv(e, trajectory.EndInterrupted, "the service stopped")
-			}()
-		}
-		wg.Wait()
-		s.wg.Wait()
-		s.cancel()
-		s.bg.Wait()
-		s.endpoints.Close()
-		errs := []error{s.sandboxes.Close(), s.st.Close()}
-		s.closeErr = errors.Join(errs...)
-	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return s.Shutdown(ctx)
+}
+
+// Shutdown stops the service within ctx's deadline: new work is refused
+// (503), queued episodes are recorded interrupted in bulk, running ones
+// (rollout and environment mode) are cancelled and end interrupted (their
+// tool calls killed, their sandboxes removed), and the store is closed.
+// Episodes that have not ended when ctx ends are left to the next start,
+// which recovers their journals as interrupted and removes their
+// containers; the error says how many. It is idempotent.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.closeOnce.Do(func() { s.closeErr = s.shutdown(ctx) })
 	return s.closeErr
+}
+
+func (s *Server) shutdown(ctx context.Context) error {
+	const message = "the service stopped"
+	s.mu.Lock()
+	s.closing = true
+	s.closingFlag.Store(true)
+	var live []*rollout
+	for _, r := range s.rollouts {
+		live = append(live, r)
+	}
+	var envs []*envEpisode
+	for _, e := range s.env {
+		envs = append(envs, e)
+	}
+	s.mu.Unlock()
+	for _, r := range live {
+		s.stopRollout(r, RolloutInterrupted, trajectory.EndInterrupted, message)
+	}
+	for _, e := range envs {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.endEnv(e, trajectory.EndInterrupted, message)
+		}()
+	}
+	var errs []error
+	if !waitGroup(ctx, &s.wg) {
+		_, running := s.sched.counts()
+		errs = append(errs, fmt.Errorf("%d episode(s) had not ended when the shutdown deadline passed: the next start records them interrupted from their journals and removes their containers", running))
+	}
+	s.cancel(&agent.StopCause{Reason: trajectory.EndInterrupted, Message: message})
+	waitGroup(ctx, &s.bg)
+	s.backends.Close()
+	s.endpoints.Close()
+	closed := make(chan error, 1)
+	go func() { closed <- s.sandboxes.Close() }()
+	select {
+	case err := <-closed:
+		errs = append(errs, err)
+	case <-ctx.Done():
+		errs = append(errs, errors.New("the warm pools were still being emptied when the shutdown deadline passed"))
+	}
+	s.flushUnindexed()
+	errs = append(errs, s.st.Close())
+	return errors.Join(errs...)
+}
+
+// waitGroup waits for wg until ctx ends; it reports whether wg was done.
+func waitGroup(ctx context.Context, wg *sync.WaitGroup) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // poolCollector exports the warm pools' sizes and counters.

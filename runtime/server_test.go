@@ -81,7 +81,13 @@ func startService(t testing.TB, dataDir string, mutate ...func(*runtime.Options)
 	for _, m := range mutate {
 		m(&opts)
 	}
-	srv, rec, err := runtime.Open(opts)
+	srv, err := runtime.Open(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rec, err := srv.Recovered(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -59,6 +59,10 @@ type rolloutRecord struct {
 	Tasks        []json.RawMessage `json:"tasks"`
 	InfraRetries int               `json:"infra_retries"`
 	Message      string            `json:"message,omitempty"`
+	// Tenant owns the rollout ("" without --auth-tokens): nobody else sees it.
+	Tenant string `json:"tenant,omitempty"`
+	// Schedule is "groups" or "episodes" (see RolloutRequest.Schedule).
+	Schedule string `json:"schedule,omitempty"`
 }
 
 // episodeRecord is an episode as indexed. Env-mode episodes have no rollout.
@@ -76,6 +80,11 @@ type episodeRecord struct {
 	ToolErrors map[string]int `json:"tool_errors,omitempty"`
 	Seq        int            `json:"seq,omitempty"` // finish order within the rollout, from 1
 	EndedAt    *time.Time     `json:"ended_at,omitempty"`
+	// Message says why an episode without a readable record has none
+	// (record_error: the disk was full).
+	Message string `json:"message,omitempty"`
+	// Tenant owns an environment-mode episode ("" without --auth-tokens).
+	Tenant string `json:"tenant,omitempty"`
 }
 
 func openStore(dir string) (*store, error) {
@@ -130,6 +139,25 @@ func (st *store) createRollout(r *rolloutRecord, eps []*episodeRecord) error {
 		}
 		for _, e := range eps {
 			if err := put(tx, bucketEpisodes, e.ID, e); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// putEnds indexes many episodes' changes and rollouts in one transaction
+// (one fsync): a recovery, a cancellation or a shutdown ends thousands of
+// episodes at once.
+func (st *store) putEnds(eps []*episodeRecord, rollouts ...*rolloutRecord) error {
+	return st.db.Update(func(tx *bolt.Tx) error {
+		for _, e := range eps {
+			if err := put(tx, bucketEpisodes, e.ID, e); err != nil {
+				return err
+			}
+		}
+		for _, r := range rollouts {
+			if err := put(tx, bucketRollouts, r.ID, r); err != nil {
 				return err
 			}
 		}

@@ -169,12 +169,13 @@ func fmtCounts(m map[string]int) string {
 }
 
 // backendSet opens backends on first use and shares them across episodes.
+// A backend that failed to open is not remembered: the next caller tries
+// again (the service adds a back-off and health reporting on top).
 type backendSet struct {
 	progress io.Writer
 	opts     backendOptions
 	mu       sync.Mutex
 	open     map[string]sandbox.Backend
-	errs     map[string]error
 }
 
 // newBackendSet opens backends for episodes: the WASM guests are built and
@@ -182,7 +183,7 @@ type backendSet struct {
 // where a first-use compile (seconds) would count against the model's
 // exec timeout.
 func newBackendSet(progress io.Writer, cfg config) *backendSet {
-	return &backendSet{progress: progress, open: map[string]sandbox.Backend{}, errs: map[string]error{},
+	return &backendSet{progress: progress, open: map[string]sandbox.Backend{},
 		opts: backendOptions{cfg: cfg, warmGuests: true}}
 }
 
@@ -192,13 +193,9 @@ func (b *backendSet) get(ctx context.Context, name string) (sandbox.Backend, err
 	if be, ok := b.open[name]; ok {
 		return be, nil
 	}
-	if err, ok := b.errs[name]; ok {
-		return nil, err
-	}
 	be, err := openBackend(ctx, name, b.progress, b.opts)
 	if err != nil {
-		b.errs[name] = fmt.Errorf("backend %s: %w", name, err)
-		return nil, b.errs[name]
+		return nil, fmt.Errorf("backend %s: %w", name, err)
 	}
 	b.open[name] = be
 	return be, nil

@@ -138,7 +138,7 @@ stderr.`,
 		if *wasmConc > 0 {
 			limits.Backend[sandbox.BackendWASM] = *wasmConc
 		}
-		srv, rec, err := runtime.Open(runtime.Options{
+		srv, err := runtime.Open(runtime.Options{
 			DataDir: *data, DefaultBackend: *backendName, Catalog: catalog, KnownTool: knownTool, PolicyAPIKey: cfg.openAIKey,
 			ConfigureEpisode: indexes.configure, Registry: reg, Logger: log, Limits: limits,
 			Backends: runtime.BackendFunc(func(ctx context.Context, name string) (sandbox.Backend, error) {
@@ -147,9 +147,6 @@ stderr.`,
 		})
 		if err != nil {
 			return err
-		}
-		if n := len(rec.Interrupted); n > 0 {
-			log.Warn("episodes left in flight by the previous process are recorded as interrupted", "episodes", n, "rollouts", len(rec.Rollouts))
 		}
 		ln, err := net.Listen("tcp", *addr)
 		if err != nil {

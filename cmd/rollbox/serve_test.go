@@ -177,7 +177,7 @@ func TestBenchAgainstARunningService(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer be.Close()
-	srv, _, err := runtime.Open(runtime.Options{DataDir: t.TempDir(),
+	srv, err := runtime.Open(runtime.Options{DataDir: t.TempDir(),
 		Backends: runtime.BackendFunc(func(context.Context, string) (sandbox.Backend, error) { return be, nil })})
 	if err != nil {
 		t.Fatal(err)
