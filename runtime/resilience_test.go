@@ -272,22 +272,24 @@ func TestTheServiceAnswersWhileItRecovers(t *testing.T) {
 	if h, code := b.health(); code != 503 || h.Status != runtime.HealthRecovering {
 		t.Errorf("healthz while recovering: %d %+v", code, h)
 	}
+	// What is being recovered waits for it...
 	for _, req := range []struct{ method, path string }{
 		{"GET", "/v1/rollouts/" + id}, {"GET", "/v1/rollouts/" + id + "/episodes"}, {"DELETE", "/v1/rollouts/" + id},
-		{"GET", "/v1/rollouts"}, {"POST", "/v1/rollouts"}, {"POST", "/v1/episodes"}, {"GET", "/v1/episodes/" + id + ".a.0"},
+		{"GET", "/v1/rollouts/" + id + "/summary"}, {"GET", "/v1/rollouts"}, {"GET", "/v1/episodes/" + id + ".a.0"},
 	} {
 		var e apiErr
-		var body any
-		if req.method == "POST" {
-			body = rolloutBody(p, 1, task("new"))
-			if req.path == "/v1/episodes" {
-				body = map[string]any{"task": task("new")}
-			}
-		}
-		code, hdr := b.do(req.method, req.path, body, &e)
+		code, hdr := b.do(req.method, req.path, nil, &e)
 		if code != 503 || e.Error.Code != "recovering" || hdr.Get("Retry-After") == "" {
 			t.Errorf("%s %s while recovering: %d %+v", req.method, req.path, code, e)
 		}
+	}
+	// ... new work does not.
+	if code, _ := b.do("POST", "/v1/rollouts", rolloutBody(p, 1, task("new")), nil); code != 201 {
+		t.Errorf("POST /v1/rollouts while recovering: %d", code)
+	}
+	var opened struct{ ID string }
+	if code, _ := b.do("POST", "/v1/episodes", map[string]any{"task": task("new-env")}, &opened); code != 201 {
+		t.Errorf("POST /v1/episodes while recovering: %d", code)
 	}
 	close(gate)
 	if _, err := srv.Recovered(context.Background()); err != nil {

@@ -417,14 +417,12 @@ func (s *Server) resolveTask(raw json.RawMessage, field string) (*agent.Task, er
 }
 
 // refuseNewWork is the error new work (a rollout, an environment episode)
-// gets while the service cannot take it: shutting down, recovering what a
-// previous process left, or a data directory that cannot take more records.
+// gets while the service cannot take it: shutting down, or a data
+// directory that cannot take more records. (New work is taken while what a
+// previous process left is recovered: it concerns other ids.)
 func (s *Server) refuseNewWork() error {
-	switch {
-	case s.closingFlag.Load():
+	if s.closingFlag.Load() {
 		return &apiError{Status: http.StatusServiceUnavailable, Code: codeShuttingDown, Message: "the service is shutting down", RetryAfter: 5}
-	case s.recoveringAny.Load():
-		return errRecovering()
 	}
 	return s.storage.refusal()
 }

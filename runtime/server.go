@@ -151,10 +151,17 @@ func Open(opts Options) (*Server, error) {
 	s.sandboxes = &sandboxes{backends: s.backends, metrics: s.metrics, warm: s.limits.WarmPool, pools: map[string]*sandbox.Pool{}}
 	s.storage = newStorageMonitor(st.dir, s.limits.DiskReserve, s.limits.StorageCheckEvery, s.storageChanged)
 	opts.Registry.MustRegister(poolCollector{s.sandboxes}, healthCollector{s})
+	openEnv, err := st.openEnvEpisodes()
+	if err != nil {
+		st.Close()
+		return nil, fmt.Errorf("reading %s: %w", opts.DataDir, err)
+	}
 	for _, r := range unfinished {
 		s.recovering[r.ID] = true
 	}
-	s.recoveringAny.Store(true)
+	// Only what a previous process left unfinished waits for the recovery
+	// (503 "recovering"); a clean data directory answers everything at once.
+	s.recoveringAny.Store(len(unfinished) > 0 || len(openEnv) > 0)
 	s.sched = newScheduler(s.limits, s.startJob, s.storage.ok)
 	s.bg.Add(5)
 	go func() { defer s.bg.Done(); s.sched.run(s.ctx) }()
