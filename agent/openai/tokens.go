@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -314,7 +315,7 @@ func (t *TokenPolicy) Next(ctx context.Context, req agent.Request) (agent.Turn, 
 		turn.Raw = res.raw()
 		return turn, err
 	}
-	out, err := decodeCompletion(res.body, req.Turn)
+	out, err := decodeCompletion(res.body, prompt, req.Turn)
 	if err != nil {
 		turn.Raw = res.raw()
 		return turn, &CallError{Endpoint: t.completions, Model: t.p.model, StatusCode: res.status, Attempts: res.attempts, Message: err.Error()}
@@ -350,43 +351,73 @@ func (t *TokenPolicy) completionBody(req agent.Request, prompt []int64) map[stri
 }
 
 // decodeCompletion reads a /v1/completions answer (vLLM's and SGLang's
-// fields) into a Turn with Tokens set (Prompt left to the caller).
-func decodeCompletion(body []byte, turnIndex int) (agent.Turn, error) {
+// fields) into a Turn with Tokens set. The server's echo of the prompt is
+// compared with prompt as JSON text and decoded only when it differs (it
+// is as long as the context: decoding it every turn would cost more than
+// the rest of the turn). Raw is the answer without its per-token arrays
+// (prompt and completion ids, logprobs): the record keeps them once, in its
+// own fields.
+func decodeCompletion(body []byte, prompt []int64, turnIndex int) (agent.Turn, error) {
 	var turn agent.Turn
-	var resp struct {
-		Model   string `json:"model"`
-		Choices []struct {
-			Index        int     `json:"index"`
-			Text         *string `json:"text"`
-			FinishReason *string `json:"finish_reason"`
-			Logprobs     *struct {
-				Tokens        []string   `json:"tokens"`
-				TokenLogprobs []*float64 `json:"token_logprobs"`
-			} `json:"logprobs"`
-			TokenIDs       []int64 `json:"token_ids"`
-			PromptTokenIDs []int64 `json:"prompt_token_ids"`
-		} `json:"choices"`
-		Usage          *agent.Usage `json:"usage"`
-		PromptTokenIDs []int64      `json:"prompt_token_ids"`
-	}
-	if err := json.Unmarshal(body, &resp); err != nil {
+	var doc map[string]json.RawMessage
+	if err := json.Unmarshal(body, &doc); err != nil {
 		if len(body) == 0 {
 			return turn, errors.New("response body is empty")
 		}
 		return turn, fmt.Errorf("response is not a completion: %v", err)
 	}
-	if len(resp.Choices) == 0 {
+	var choices []map[string]json.RawMessage
+	if err := json.Unmarshal(doc["choices"], &choices); err != nil || len(choices) == 0 {
 		return turn, errors.New("response has no choices")
 	}
-	c := resp.Choices[0]
-	if c.Text == nil {
+	c := choices[0]
+	var choice struct {
+		Text         *string `json:"text"`
+		FinishReason *string `json:"finish_reason"`
+		Logprobs     *struct {
+			Tokens        []string   `json:"tokens"`
+			TokenLogprobs []*float64 `json:"token_logprobs"`
+		} `json:"logprobs"`
+		TokenIDs []int64 `json:"token_ids"`
+	}
+	small := map[string]json.RawMessage{}
+	for _, k := range []string{"text", "finish_reason", "logprobs", "token_ids"} {
+		if v, ok := c[k]; ok {
+			small[k] = v
+		}
+	}
+	b, _ := json.Marshal(small)
+	if err := json.Unmarshal(b, &choice); err != nil {
+		return turn, fmt.Errorf("response choice: %v", err)
+	}
+	if choice.Text == nil {
 		return turn, errors.New("response choice has no text")
 	}
-	tt := &agent.TurnTokens{Completion: c.TokenIDs, EchoedPrompt: c.PromptTokenIDs}
-	if tt.EchoedPrompt == nil {
-		tt.EchoedPrompt = resp.PromptTokenIDs
+	var top struct {
+		Model string       `json:"model"`
+		Usage *agent.Usage `json:"usage"`
 	}
-	if lp := c.Logprobs; lp != nil && len(lp.TokenLogprobs) > 0 {
+	if v, ok := doc["model"]; ok {
+		json.Unmarshal(v, &top.Model)
+	}
+	if v, ok := doc["usage"]; ok && string(v) != "null" {
+		if err := json.Unmarshal(v, &top.Usage); err != nil {
+			return turn, fmt.Errorf("response usage: %v", err)
+		}
+	}
+	tt := &agent.TurnTokens{Completion: choice.TokenIDs}
+	echo, ok := c["prompt_token_ids"]
+	if !ok {
+		echo, ok = doc["prompt_token_ids"]
+	}
+	if ok && string(echo) != "null" {
+		ids, err := echoedPrompt(echo, prompt)
+		if err != nil {
+			return turn, fmt.Errorf("response prompt_token_ids: %v", err)
+		}
+		tt.EchoedPrompt = ids
+	}
+	if lp := choice.Logprobs; lp != nil && len(lp.TokenLogprobs) > 0 {
 		tt.Logprobs = make([]float64, len(lp.TokenLogprobs))
 		for i, v := range lp.TokenLogprobs {
 			if v == nil {
@@ -412,9 +443,9 @@ func decodeCompletion(body []byte, turnIndex int) (agent.Turn, error) {
 			}
 		}
 	}
-	turn.Tokens, turn.Model, turn.Usage, turn.Text = tt, resp.Model, resp.Usage, *c.Text
-	if c.FinishReason != nil {
-		turn.FinishReason = *c.FinishReason
+	turn.Tokens, turn.Model, turn.Usage, turn.Text = tt, top.Model, top.Usage, *choice.Text
+	if choice.FinishReason != nil {
+		turn.FinishReason = *choice.FinishReason
 	}
 	turn.Content = turn.Text
 	if content, calls, err := toolparse.Parse(turn.Text); err == nil && len(calls) > 0 {
@@ -423,29 +454,33 @@ func decodeCompletion(body []byte, turnIndex int) (agent.Turn, error) {
 			turn.ToolCalls = append(turn.ToolCalls, agent.ToolCall{ID: callID(turnIndex, i), Name: call.Name, Arguments: call.Arguments})
 		}
 	}
-	turn.Raw = leanRaw(body)
+	delete(doc, "prompt_token_ids")
+	for _, c := range choices {
+		delete(c, "token_ids")
+		delete(c, "prompt_token_ids")
+		delete(c, "logprobs")
+	}
+	doc["choices"], _ = json.Marshal(choices)
+	turn.Raw, _ = json.Marshal(doc)
 	return turn, nil
 }
 
-// leanRaw is a completion body without its per-token arrays (prompt and
-// completion ids, logprobs): the record keeps them once, in its own fields.
-func leanRaw(body []byte) json.RawMessage {
-	var doc map[string]json.RawMessage
-	if json.Unmarshal(body, &doc) != nil {
-		return nil
+// echoedPrompt reads the server's echo of the prompt: prompt itself when
+// the JSON text is the same, the decoded ids otherwise.
+func echoedPrompt(raw json.RawMessage, prompt []int64) ([]int64, error) {
+	want, _ := json.Marshal(prompt)
+	if bytes.Equal(raw, want) {
+		return prompt, nil
 	}
-	delete(doc, "prompt_token_ids")
-	var choices []map[string]json.RawMessage
-	if json.Unmarshal(doc["choices"], &choices) == nil {
-		for _, c := range choices {
-			delete(c, "token_ids")
-			delete(c, "prompt_token_ids")
-			delete(c, "logprobs")
-		}
-		doc["choices"], _ = json.Marshal(choices)
+	var compact bytes.Buffer
+	if json.Compact(&compact, raw) == nil && bytes.Equal(compact.Bytes(), want) {
+		return prompt, nil
 	}
-	b, _ := json.Marshal(doc)
-	return b
+	var ids []int64
+	if err := json.Unmarshal(raw, &ids); err != nil {
+		return nil, err
+	}
+	return ids, nil
 }
 
 func hasPrefix(ids, prefix []int64) bool {

@@ -219,7 +219,13 @@ func WriteFile(path string, t *Trajectory) error {
 
 // writeTemp writes t to path + tmpSuffix (fsynced when sync is set).
 func writeTemp(path string, t *Trajectory, sync bool) (err error) {
-	b, err := json.MarshalIndent(t, "", " ")
+	// A token-mode record (one with segments) is written compact: its id
+	// arrays indented would take a line an id.
+	marshal := func(v any) ([]byte, error) { return json.MarshalIndent(v, "", " ") }
+	if len(t.Segments) > 0 {
+		marshal = json.Marshal
+	}
+	b, err := marshal(t)
 	if err != nil {
 		return fmt.Errorf("trajectory %s: %w", t.EpisodeID, err)
 	}
