@@ -191,6 +191,13 @@ type PolicyRequest struct {
 	// MaxConcurrency caps this rollout's endpoint's calls in flight (it can
 	// only lower the service's own cap).
 	MaxConcurrency int `json:"max_concurrency,omitempty"`
+	// Mode is "chat" (default: /chat/completions with messages) or
+	// "tokens" (token in, token out: the server's /tokenize and
+	// /completions; see agent/openai.TokenPolicy).
+	Mode string `json:"mode,omitempty"`
+	// TokenizeURL is the token mode's tokenizer endpoint (default: /tokenize
+	// at the root of base_url).
+	TokenizeURL string `json:"tokenize_url,omitempty"`
 }
 
 // RolloutRequest is the body of POST /v1/rollouts.
@@ -202,6 +209,21 @@ type RolloutRequest struct {
 	Backend string `json:"backend,omitempty"`
 	// Overrides replace task fields for this rollout.
 	Overrides json.RawMessage `json:"overrides,omitempty"`
+	// PolicyVersion is the trainer's (opaque) name of the policy the
+	// server runs now; every turn records the version current when it was
+	// sampled. Default: the service's last announced version.
+	PolicyVersion string `json:"policy_version,omitempty"`
+	// MaxStaleness, when set, ends an unfinished episode cancelled once
+	// more than this many newer versions were announced after the version
+	// of its first turn.
+	MaxStaleness *int `json:"max_staleness,omitempty"`
+}
+
+// PolicyVersionRequest is the body of POST /v1/policy-version and POST
+// /v1/rollouts/{id}/policy-version: the trainer announces the version the
+// policy server now runs.
+type PolicyVersionRequest struct {
+	Version string `json:"version"`
 }
 
 // Overrides are a rollout's "overrides": limits set here replace each
@@ -239,6 +261,9 @@ type StepRequest struct {
 	CompletionTokenIDs []int64 `json:"completion_token_ids,omitempty"`
 	// LatencyMS is the model call's wall time, for the record.
 	LatencyMS float64 `json:"latency_ms,omitempty"`
+	// PolicyVersion is the trainer's version of the policy that produced
+	// the message, for the record.
+	PolicyVersion string `json:"policy_version,omitempty"`
 }
 
 // FinishRequest is the body of POST /v1/episodes/{id}/finish.

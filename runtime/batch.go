@@ -65,9 +65,12 @@ type Summary struct {
 	// Unrecorded lists the episodes that ended without a readable record
 	// (record_error: the disk was full); they count in episodes and ends,
 	// unscored, and exports leave them out (the service).
-	Unrecorded []string  `json:"unrecorded,omitempty"`
-	WallTimeS  float64   `json:"wall_time_s"`
-	StartedAt  time.Time `json:"started_at"`
+	Unrecorded []string `json:"unrecorded,omitempty"`
+	// PolicyVersions counts model turns by the policy version that
+	// produced them (the version mix; absent when no turn had one).
+	PolicyVersions map[string]int `json:"policy_versions,omitempty"`
+	WallTimeS      float64        `json:"wall_time_s"`
+	StartedAt      time.Time      `json:"started_at"`
 }
 
 // TaskSummary is one task's line of the summary.
@@ -220,6 +223,12 @@ func Summarize(rolloutID string, ts []*trajectory.Trajectory) *Summary {
 		}
 		for k, v := range t.Stats.ToolErrors {
 			s.ToolErrors[k] += v
+		}
+		for v, n := range t.Stats.PolicyVersions {
+			if s.PolicyVersions == nil {
+				s.PolicyVersions = map[string]int{}
+			}
+			s.PolicyVersions[v] += n
 		}
 		if v, ok := t.Value(); ok {
 			s.Scored++

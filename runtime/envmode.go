@@ -248,7 +248,7 @@ func (s *Server) postStep(w http.ResponseWriter, r *http.Request) error {
 	}
 	turn := agent.Turn{Content: req.Content, FinishReason: req.FinishReason, Model: req.Model, Usage: req.Usage,
 		PromptTokenIDs: req.PromptTokenIDs, CompletionTokenIDs: req.CompletionTokenIDs,
-		Latency: time.Duration(req.LatencyMS * float64(time.Millisecond)), Attempts: 1}
+		Latency: time.Duration(req.LatencyMS * float64(time.Millisecond)), Attempts: 1, PolicyVersion: req.PolicyVersion}
 	for i, c := range req.ToolCalls {
 		field := fmt.Sprintf("tool_calls[%d]", i)
 		if c.Name == "" {

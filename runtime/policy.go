@@ -78,6 +78,10 @@ type gatedPolicy struct {
 	ep         *endpoint
 	rolloutSem chan struct{}
 	metrics    *Metrics
+	// r and e, when set, give each turn the rollout's policy version and
+	// end a stale episode (max_staleness).
+	r *rollout
+	e *episodeState
 }
 
 func (g *gatedPolicy) Next(ctx context.Context, req agent.Request) (agent.Turn, error) {
@@ -94,8 +98,17 @@ func (g *gatedPolicy) Next(ctx context.Context, req agent.Request) (agent.Turn, 
 	inflight := g.metrics.PolicyInflight.WithLabelValues(g.ep.url)
 	inflight.Inc()
 	defer inflight.Dec()
+	var version string
+	if g.r != nil {
+		v, err := g.r.versionFor(g.e)
+		if err != nil {
+			return agent.Turn{}, err
+		}
+		version = v
+	}
 	t0 := time.Now()
 	turn, err := g.inner.Next(ctx, req)
+	turn.PolicyVersion = version
 	g.metrics.PolicyDuration.WithLabelValues(g.ep.url).Observe(seconds(time.Since(t0)))
 	if err != nil && ctx.Err() == nil {
 		g.metrics.PolicyErrors.WithLabelValues(g.ep.url).Inc()

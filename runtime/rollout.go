@@ -67,6 +67,12 @@ type rollout struct {
 	ends      map[string]int
 	toolErrs  map[string]int
 	changed   chan struct{} // closed and replaced on every change
+	// versions are the policy versions announced to the rollout, oldest
+	// first; maxStaleness is its max_staleness (-1: none); versionTurns
+	// counts the model turns of ended episodes by version.
+	versions     []string
+	maxStaleness int
+	versionTurns map[string]int
 }
 
 type episodeState struct {
@@ -75,6 +81,11 @@ type episodeState struct {
 	group   *groupState
 	stats   *trajectory.GroupStats // set when the group completes
 	session *agent.Session         // while running
+	// cancel ends the running episode with a cause (a stale policy
+	// version); versionAt is 1 + the index in rollout.versions of the
+	// version of its first turn, 0 before it.
+	cancel    context.CancelCauseFunc
+	versionAt int
 }
 
 type groupState struct {
@@ -85,7 +96,7 @@ type groupState struct {
 
 func newRollout(rec *rolloutRecord) *rollout {
 	return &rollout{rec: rec, id: rec.ID, byID: map[string]*episodeState{}, groups: map[string]*groupState{},
-		ends: map[string]int{}, toolErrs: map[string]int{}, changed: make(chan struct{})}
+		ends: map[string]int{}, toolErrs: map[string]int{}, changed: make(chan struct{}), maxStaleness: -1, versionTurns: map[string]int{}}
 }
 
 // addEpisode registers an episode (under construction: no lock).
@@ -177,6 +188,12 @@ type RolloutStatus struct {
 	// Interrupted is set (with State "cancelled") when the service stopped
 	// before every episode ended.
 	Interrupted bool `json:"interrupted,omitempty"`
+	// PolicyVersion is the version announced last; PolicyVersions counts
+	// the model turns of the episodes ended so far by the version that
+	// produced them (the version mix); MaxStaleness is the rollout's.
+	PolicyVersion  string         `json:"policy_version,omitempty"`
+	PolicyVersions map[string]int `json:"policy_versions,omitempty"`
+	MaxStaleness   *int           `json:"max_staleness,omitempty"`
 }
 
 // PolicyStatus is the policy a rollout runs against.
@@ -184,6 +201,9 @@ type PolicyStatus struct {
 	BaseURL  string          `json:"base_url"`
 	Model    string          `json:"model"`
 	Sampling json.RawMessage `json:"sampling,omitempty"`
+	// Mode is "tokens" in token mode; Tokenizer the server's tokenizer.
+	Mode      string                `json:"mode,omitempty"`
+	Tokenizer *trajectory.Tokenizer `json:"tokenizer,omitempty"`
 }
 
 func (r *rollout) status() RolloutStatus {
@@ -194,7 +214,8 @@ func (r *rollout) status() RolloutStatus {
 		EpisodesRunning: r.running, GroupSize: rec.GroupSize, GroupsTotal: len(r.groups),
 		Scored: r.scored, Ends: copyCounts(r.ends), ToolErrors: copyCounts(r.toolErrs), InfraRetries: rec.InfraRetries,
 		Backend: rec.Backend, CreatedAt: rec.CreatedAt, EndedAt: rec.EndedAt, Message: rec.Message,
-		Policy: PolicyStatus{BaseURL: rec.Policy.Endpoint, Model: rec.Policy.Model, Sampling: rec.Policy.Sampling}}
+		Policy: PolicyStatus{BaseURL: rec.Policy.Endpoint, Model: rec.Policy.Model, Sampling: rec.Policy.Sampling, Mode: rec.Policy.Mode, Tokenizer: rec.Policy.Tokenizer}}
+	r.versionStatusLocked(&st)
 	st.EpisodesQueued = st.EpisodesTotal - st.EpisodesDone - st.EpisodesRunning
 	if st.State == RolloutInterrupted {
 		st.State, st.Interrupted = RolloutCancelled, true
@@ -221,7 +242,7 @@ func copyCounts(m map[string]int) map[string]int {
 
 // parseRollout validates a POST /v1/rollouts body into a rollout ready to
 // queue. Every error is a 4xx naming the field.
-func (s *Server) parseRollout(body []byte) (*rollout, []*job, error) {
+func (s *Server) parseRollout(ctx context.Context, body []byte) (*rollout, []*job, error) {
 	var req RolloutRequest
 	if err := decodeStrict(body, &req, ""); err != nil {
 		return nil, nil, err
@@ -268,6 +289,17 @@ func (s *Server) parseRollout(body []byte) (*rollout, []*job, error) {
 	}
 	if pr.MaxConcurrency < 0 {
 		return nil, nil, badField("policy.max_concurrency", "%d is negative", pr.MaxConcurrency)
+	}
+	switch pr.Mode {
+	case "", trajectory.ModeChat, trajectory.ModeTokens:
+	default:
+		return nil, nil, badField("policy.mode", "%q is not one of chat, tokens", pr.Mode)
+	}
+	if pr.TokenizeURL != "" && pr.Mode != trajectory.ModeTokens {
+		return nil, nil, badField("policy.tokenize_url", "only with \"mode\": \"tokens\"")
+	}
+	if req.MaxStaleness != nil && *req.MaxStaleness < 0 {
+		return nil, nil, badField("max_staleness", "%d is negative", *req.MaxStaleness)
 	}
 	var sampling agent.Sampling
 	if len(pr.Sampling) > 0 {
@@ -328,18 +360,40 @@ func (s *Server) parseRollout(body []byte) (*rollout, []*job, error) {
 		}
 	}
 	ep := s.endpoints.get(pr.BaseURL)
-	pol, err := openai.New(openai.Config{BaseURL: pr.BaseURL, Model: pr.Model, APIKey: s.opts.PolicyAPIKey, MaxRetries: maxRetries,
-		Timeout: time.Duration(pr.TimeoutS * float64(time.Second)), HTTPClient: ep.client})
-	if err != nil {
-		return nil, nil, badField("policy", "%v", err)
+	pcfg := openai.Config{BaseURL: pr.BaseURL, Model: pr.Model, APIKey: s.opts.PolicyAPIKey, MaxRetries: maxRetries,
+		Timeout: time.Duration(pr.TimeoutS * float64(time.Second)), HTTPClient: ep.client, TokenizeURL: pr.TokenizeURL}
+	info := trajectory.Policy{Kind: "openai", Endpoint: pr.BaseURL, Model: pr.Model}
+	var pol agent.Policy
+	if pr.Mode == trajectory.ModeTokens {
+		// Admission: a server that cannot serve token mode refuses the
+		// rollout here, not each episode.
+		tp, err := s.tokenPolicy(ctx, pcfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		tok := tp.Tokenizer()
+		pol, info.Mode, info.Tokenizer = tp, trajectory.ModeTokens, &tok
+	} else {
+		p, err := openai.New(pcfg)
+		if err != nil {
+			return nil, nil, badField("policy", "%v", err)
+		}
+		pol = p
 	}
 	samplingJSON, _ := json.Marshal(sampling)
+	recPolicy := info
+	recPolicy.Sampling = samplingJSON
 	rec := &rolloutRecord{ID: id, State: RolloutQueued, CreatedAt: time.Now().UTC(), GroupSize: req.GroupSize,
-		EpisodesTotal: len(tasks) * req.GroupSize, Backend: backend,
-		Policy: trajectory.Policy{Kind: "openai", Endpoint: pr.BaseURL, Model: pr.Model, Sampling: samplingJSON}}
+		EpisodesTotal: len(tasks) * req.GroupSize, Backend: backend, Policy: recPolicy}
 	r := newRollout(rec)
 	r.tasks, r.backend, r.policy, r.sampling, r.endpoint = tasks, backend, pol, sampling, ep
-	r.info = trajectory.Policy{Kind: "openai", Endpoint: pr.BaseURL, Model: pr.Model}
+	r.info = info
+	if v := s.initialVersion(req.PolicyVersion); v != "" {
+		r.versions = []string{v}
+	}
+	if req.MaxStaleness != nil {
+		r.maxStaleness = *req.MaxStaleness
+	}
 	if pr.MaxConcurrency > 0 && pr.MaxConcurrency < s.limits.PolicyConcurrency {
 		r.sem = make(chan struct{}, pr.MaxConcurrency)
 	}
@@ -514,7 +568,12 @@ func (s *Server) runEpisode(ctx context.Context, j *job) (t *trajectory.Trajecto
 	r, e := j.r, j.ep
 	cfg := j.plan.config(r.id, e.rec.GroupIndex, s.st.episodesDir)
 	cfg.NewSandbox = s.sandboxes.create
-	cfg.Policy = &gatedPolicy{inner: r.policy, ep: r.endpoint, rolloutSem: r.sem, metrics: s.metrics}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	r.mu.Lock()
+	e.cancel = cancel
+	r.mu.Unlock()
+	cfg.Policy = &gatedPolicy{inner: r.policy, ep: r.endpoint, rolloutSem: r.sem, metrics: s.metrics, r: r, e: e}
 	cfg.PolicyInfo, cfg.Sampling = r.info, r.sampling
 	cfg.Observe = s.metrics.observer(j.plan.backend)
 	cfg.Retry = s.openRetry(e.rec.ID, j.plan.backend, func() {
@@ -598,6 +657,9 @@ func (s *Server) recordEnds(r *rollout, ends []endedEpisode) {
 			}
 			if len(it.t.Stats.ToolErrors) > 0 {
 				rec.ToolErrors = copyCounts(it.t.Stats.ToolErrors)
+			}
+			for v, n := range it.t.Stats.PolicyVersions {
+				r.versionTurns[v] += n
 			}
 			if rec.Reason == trajectory.EndRecordError {
 				rec.Message = it.t.Termination.Message

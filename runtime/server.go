@@ -99,8 +99,10 @@ type Server struct {
 	env        map[string]*envEpisode
 	envOpening int
 	closing    bool
-	closeOnce  sync.Once
-	closeErr   error
+	// policyVersion is the trainer's last announced policy version.
+	policyVersion string
+	closeOnce     sync.Once
+	closeErr      error
 }
 
 // Open opens the data directory and starts the service at once: the
@@ -239,6 +241,8 @@ func (s *Server) routeTable() []struct {
 		{Route{"GET", "/v1/rollouts/{id}/episodes"}, s.getRolloutEpisodes},
 		{Route{"GET", "/v1/rollouts/{id}/export"}, s.exportRollout},
 		{Route{"GET", "/v1/rollouts/{id}/summary"}, s.rolloutSummary},
+		{Route{"POST", "/v1/rollouts/{id}/policy-version"}, s.postRolloutPolicyVersion},
+		{Route{"POST", "/v1/policy-version"}, s.postPolicyVersion},
 		{Route{"POST", "/v1/episodes"}, s.postEpisode},
 		{Route{"GET", "/v1/episodes/{id}"}, s.getEpisode},
 		{Route{"DELETE", "/v1/episodes/{id}"}, s.deleteEpisode},
@@ -319,7 +323,7 @@ func (s *Server) postRollout(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	ro, jobs, err := s.parseRollout(body)
+	ro, jobs, err := s.parseRollout(r.Context(), body)
 	if err != nil {
 		return err
 	}
@@ -607,6 +611,13 @@ func (s *Server) exportRollout(w http.ResponseWriter, r *http.Request) error {
 	if format != "jsonl" && format != "parquet" {
 		return badField("format", "%q is not one of jsonl, parquet", format)
 	}
+	layout := r.URL.Query().Get("layout")
+	if layout == "" {
+		layout = LayoutEpisodes
+	}
+	if layout != LayoutEpisodes && layout != LayoutSegments {
+		return badField("layout", "%q is not one of episodes, segments", layout)
+	}
 	ro.mu.Lock()
 	list := append([]*episodeState(nil), ro.finished...)
 	stats := make([]*trajectory.GroupStats, len(list))
@@ -631,14 +642,10 @@ func (s *Server) exportRollout(w http.ResponseWriter, r *http.Request) error {
 	w.Header().Set("Content-Disposition", `attachment; filename="`+name+`"`)
 	if format == "jsonl" {
 		w.Header().Set("Content-Type", "application/x-ndjson")
-		return WriteJSONL(w, ts)
+	} else {
+		w.Header().Set("Content-Type", "application/vnd.apache.parquet")
 	}
-	rows := make([]ExportRow, len(ts))
-	for i, t := range ts {
-		rows[i] = RowOf(t)
-	}
-	w.Header().Set("Content-Type", "application/vnd.apache.parquet")
-	return WriteParquet(w, rows)
+	return WriteExport(w, ts, format, layout)
 }
 
 func (s *Server) getMetrics(w http.ResponseWriter, r *http.Request) error {

@@ -33,6 +33,7 @@ files only, so it works while the service runs.`,
 	from := fs.String("from", "", "`DIR`: a rollbox run --out directory or a rollbox serve --data directory (or its episodes/ directory)")
 	rollout := fs.String("rollout", "", "only this rollout's episodes (`ID`)")
 	format := fs.String("format", "jsonl", "jsonl or parquet")
+	layout := fs.String("layout", "episodes", "episodes (one row per episode) or segments (one row per token segment of token-mode episodes: input_ids, loss_mask, logprobs, reward, advantage, policy_version)")
 	out := fs.String("out", "", "output `FILE` (default: stdout for jsonl)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		switch {
@@ -40,6 +41,8 @@ files only, so it works while the service runs.`,
 			return usagef("--from DIR is required")
 		case *format != "jsonl" && *format != "parquet":
 			return usagef("--format %q is not one of jsonl, parquet", *format)
+		case *layout != runtime.LayoutEpisodes && *layout != runtime.LayoutSegments:
+			return usagef("--layout %q is not one of episodes, segments", *layout)
 		case *format == "parquet" && *out == "":
 			return usagef("--format parquet needs --out FILE")
 		}
@@ -60,16 +63,7 @@ files only, so it works while the service runs.`,
 			defer f.Close()
 			w = f
 		}
-		if *format == "jsonl" {
-			err = runtime.WriteJSONL(w, ts)
-		} else {
-			rows := make([]runtime.ExportRow, len(ts))
-			for i, t := range ts {
-				rows[i] = runtime.RowOf(t)
-			}
-			err = runtime.WriteParquet(w, rows)
-		}
-		if err != nil {
+		if err := runtime.WriteExport(w, ts, *format, *layout); err != nil {
 			return err
 		}
 		if f, ok := w.(*os.File); ok && f != os.Stdout {

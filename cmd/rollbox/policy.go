@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -28,7 +29,7 @@ type policyOptions struct {
 func openPolicy(spec string, tasks []*agent.Task, opts policyOptions) (agent.Policy, trajectory.Policy, error) {
 	kind, rest, ok := strings.Cut(spec, ":")
 	if !ok || rest == "" {
-		return nil, trajectory.Policy{}, fmt.Errorf("%q: want scripted:FILE.jsonl, openai:BASE_URL[#model=NAME] or replay:DIR", spec)
+		return nil, trajectory.Policy{}, fmt.Errorf("%q: want scripted:FILE.jsonl, openai:BASE_URL[#model=NAME[&mode=tokens]] or replay:DIR", spec)
 	}
 	switch kind {
 	case "replay":
@@ -50,9 +51,19 @@ func openPolicy(spec string, tasks []*agent.Task, opts policyOptions) (agent.Pol
 			return nil, trajectory.Policy{}, fmt.Errorf("openai: fragment %q: %v (want #model=NAME)", frag, err)
 		}
 		for k := range q {
-			if k != "model" {
-				return nil, trajectory.Policy{}, fmt.Errorf("openai: unknown option %q in #%s (known: model)", k, frag)
+			if k != "model" && k != "mode" && k != "tokenize_url" {
+				return nil, trajectory.Policy{}, fmt.Errorf("openai: unknown option %q in #%s (known: model, mode, tokenize_url)", k, frag)
 			}
+		}
+		switch q.Get("mode") {
+		case "", trajectory.ModeChat:
+			if q.Has("tokenize_url") {
+				return nil, trajectory.Policy{}, fmt.Errorf("openai: tokenize_url is only for mode=tokens")
+			}
+		case trajectory.ModeTokens:
+			return openTokens(base, q.Get("model"), q.Get("tokenize_url"), opts)
+		default:
+			return nil, trajectory.Policy{}, fmt.Errorf("openai: mode %q in #%s is not one of chat, tokens", q.Get("mode"), frag)
 		}
 		return openOpenAI(base, q.Get("model"), opts)
 	}
@@ -74,6 +85,28 @@ func openOpenAI(base, model string, opts policyOptions) (agent.Policy, trajector
 		return nil, trajectory.Policy{}, err
 	}
 	return p, trajectory.Policy{Kind: "openai", Endpoint: base, Model: model}, nil
+}
+
+// openTokens makes a token-mode policy (openai:URL#model=NAME&mode=tokens):
+// the server's tokenizer endpoint is probed now, so a server without one
+// is refused before anything starts.
+func openTokens(base, model, tokenizeURL string, opts policyOptions) (agent.Policy, trajectory.Policy, error) {
+	if model == "" {
+		m, err := firstModel(base)
+		if err != nil {
+			return nil, trajectory.Policy{}, fmt.Errorf("openai: no #model=NAME given and %v", err)
+		}
+		model = m
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p, err := openai.NewTokens(ctx, openai.Config{BaseURL: base, Model: model, APIKey: opts.apiKey, MaxRetries: opts.retries,
+		Timeout: opts.timeout, BackoffBase: 200 * time.Millisecond, TokenizeURL: tokenizeURL})
+	if err != nil {
+		return nil, trajectory.Policy{}, err
+	}
+	tok := p.Tokenizer()
+	return p, trajectory.Policy{Kind: "openai", Endpoint: base, Model: model, Mode: trajectory.ModeTokens, Tokenizer: &tok}, nil
 }
 
 func firstModel(base string) (string, error) {

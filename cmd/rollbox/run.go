@@ -40,7 +40,7 @@ Exit status: 0 when every episode ran to a recorded end, whatever its reward;
 	fs := cmd.Flags()
 	fs.SortFlags = false
 	tasksFile := fs.String("tasks", "", "task `FILE` (JSONL, one task a line; docs/tasks.md)")
-	policySpec := fs.String("policy", "", "the policy `SPEC`: scripted:FILE.jsonl | openai:BASE_URL[#model=NAME] | replay:DIR (docs/policies.md)")
+	policySpec := fs.String("policy", "", "the policy `SPEC`: scripted:FILE.jsonl | openai:BASE_URL[#model=NAME[&mode=tokens]] | replay:DIR (docs/policies.md)")
 	backendName := fs.String("backend", "", "backend for tasks that name none: wasm (default) or docker")
 	group := fs.Int("group", 1, "episodes per task (GRPO group size)")
 	concurrency := fs.Int("concurrency", 4, "episodes in flight at once")
@@ -57,7 +57,7 @@ Exit status: 0 when every episode ran to a recorded end, whatever its reward;
 			return usagef("--tasks FILE is required")
 		}
 		if *policySpec == "" {
-			return usagef("--policy is required: scripted:FILE.jsonl | openai:BASE_URL[#model=NAME] | replay:DIR")
+			return usagef("--policy is required: scripted:FILE.jsonl | openai:BASE_URL[#model=NAME[&mode=tokens]] | replay:DIR")
 		}
 		if *group < 1 || *group > 4096 {
 			return usagef("--group %d is outside 1..4096", *group)

@@ -1,0 +1,208 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/rollbox/rollbox/agent/openai"
+)
+
+// tokenPolicy opens a token-mode policy, probing the server's tokenizer:
+// a server that cannot serve token mode refuses the rollout at admission.
+// A server that answered (404, a template token mode cannot continue) is
+// bad input, a 400 naming policy.mode; one that could not be reached is a
+// 503 to retry.
+func (s *Server) tokenPolicy(ctx context.Context, cfg openai.Config) (*openai.TokenPolicy, error) {
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if cfg.MaxRetries == 0 || cfg.MaxRetries > 2 {
+		cfg.MaxRetries = 2
+	}
+	tp, err := openai.NewTokens(pctx, cfg)
+	if err == nil {
+		return tp, nil
+	}
+	var ce *openai.CallError
+	if errors.As(err, &ce) && (ce.StatusCode == 0 && ce.Attempts > 0 && ce.Err != nil || ce.StatusCode >= 500) {
+		return nil, &apiError{Status: http.StatusServiceUnavailable, Code: "policy_unavailable", Field: "policy.base_url",
+			Message: fmt.Sprintf("token mode needs the policy server's tokenizer, which could not be reached: %v", err), RetryAfter: 5}
+	}
+	if ctx.Err() == nil && pctx.Err() != nil {
+		return nil, &apiError{Status: http.StatusServiceUnavailable, Code: "policy_unavailable", Field: "policy.base_url",
+			Message: fmt.Sprintf("token mode: the policy server's tokenizer did not answer in 30s: %v", err), RetryAfter: 5}
+	}
+	return nil, badField("policy.mode", "%v", err)
+}
+
+// initialVersion is a new rollout's policy version: its own, else the
+// service's last announced one.
+func (s *Server) initialVersion(v string) string {
+	if v != "" {
+		return v
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.policyVersion
+}
+
+// versionStatusLocked fills a status's version fields.
+func (r *rollout) versionStatusLocked(st *RolloutStatus) {
+	if n := len(r.versions); n > 0 {
+		st.PolicyVersion = r.versions[n-1]
+	}
+	if len(r.versionTurns) > 0 {
+		st.PolicyVersions = copyCounts(r.versionTurns)
+	}
+	if r.maxStaleness >= 0 {
+		m := r.maxStaleness
+		st.MaxStaleness = &m
+	}
+}
+
+// errStale is the cause of an episode cancelled for a stale policy version.
+type errStale struct {
+	first, now string
+	newer, max int
+}
+
+func (e *errStale) Error() string {
+	return fmt.Sprintf("policy version stale: the episode's first turn was sampled under %q and %d newer version(s) were announced since (now %q), more than max_staleness %d",
+		e.first, e.newer, e.now, e.max)
+}
+
+// staleLocked is why e is stale, or nil.
+func (r *rollout) staleLocked(e *episodeState) error {
+	if r.maxStaleness < 0 || e.versionAt == 0 {
+		return nil
+	}
+	first, cur := e.versionAt-1, len(r.versions)-1
+	if cur-first <= r.maxStaleness {
+		return nil
+	}
+	return &errStale{first: r.versions[first], now: r.versions[cur], newer: cur - first, max: r.maxStaleness}
+}
+
+// versionFor is the version a turn of e is sampled under now. It pins the
+// episode's first version on its first turn. When the episode is stale it
+// is cancelled (with the reason as the cause) and the error returned.
+func (r *rollout) versionFor(e *episodeState) (string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.staleLocked(e); err != nil {
+		if e.cancel != nil {
+			e.cancel(err)
+		}
+		return "", err
+	}
+	if len(r.versions) == 0 {
+		return "", nil
+	}
+	if e.versionAt == 0 {
+		e.versionAt = len(r.versions)
+	}
+	return r.versions[len(r.versions)-1], nil
+}
+
+// announce makes v the rollout's current version and cancels its running
+// episodes that are now stale. It returns how many it cancelled.
+func (r *rollout) announce(v string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if terminalState(r.rec.State) || (len(r.versions) > 0 && r.versions[len(r.versions)-1] == v) {
+		return 0
+	}
+	r.versions = append(r.versions, v)
+	n := 0
+	for _, e := range r.episodes {
+		if e.cancel == nil || e.session == nil || e.rec.State == episodeDone {
+			continue
+		}
+		if err := r.staleLocked(e); err != nil {
+			e.cancel(err)
+			n++
+		}
+	}
+	r.notifyLocked()
+	return n
+}
+
+// PolicyVersionResult is the answer to an announcement: the version and,
+// for each live rollout it reached, how many episodes it cancelled as
+// stale.
+type PolicyVersionResult struct {
+	Version  string                 `json:"version"`
+	Rollouts []PolicyVersionRollout `json:"rollouts"`
+}
+
+// PolicyVersionRollout is one rollout an announcement reached.
+type PolicyVersionRollout struct {
+	ID        string `json:"id"`
+	Cancelled int    `json:"cancelled"`
+}
+
+func (s *Server) readVersion(w http.ResponseWriter, r *http.Request) (string, error) {
+	body, err := readBody(w, r, 1<<16)
+	if err != nil {
+		return "", err
+	}
+	var req PolicyVersionRequest
+	if err := decodeStrict(body, &req, ""); err != nil {
+		return "", err
+	}
+	if req.Version == "" || len(req.Version) > 256 {
+		return "", badField("version", "want a non-empty string of at most 256 bytes")
+	}
+	return req.Version, nil
+}
+
+// postPolicyVersion announces a version to every live rollout and makes it
+// the default of rollouts submitted later without one.
+func (s *Server) postPolicyVersion(w http.ResponseWriter, r *http.Request) error {
+	v, err := s.readVersion(w, r)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.policyVersion = v
+	live := make([]*rollout, 0, len(s.rollouts))
+	for _, ro := range s.rollouts {
+		live = append(live, ro)
+	}
+	s.mu.Unlock()
+	res := PolicyVersionResult{Version: v, Rollouts: []PolicyVersionRollout{}}
+	for _, ro := range live {
+		ro.mu.Lock()
+		ended := terminalState(ro.rec.State)
+		ro.mu.Unlock()
+		if !ended {
+			res.Rollouts = append(res.Rollouts, PolicyVersionRollout{ID: ro.id, Cancelled: ro.announce(v)})
+		}
+	}
+	s.log.Info("policy version announced", "version", v, "rollouts", len(res.Rollouts))
+	writeHTTPJSON(w, http.StatusOK, res)
+	return nil
+}
+
+// postRolloutPolicyVersion announces a version to one rollout.
+func (s *Server) postRolloutPolicyVersion(w http.ResponseWriter, r *http.Request) error {
+	ro, err := s.lookupRollout(r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	v, err := s.readVersion(w, r)
+	if err != nil {
+		return err
+	}
+	ro.mu.Lock()
+	ended := terminalState(ro.rec.State)
+	ro.mu.Unlock()
+	if ended {
+		return &apiError{Status: http.StatusConflict, Code: "rollout_ended", Field: "id", Message: fmt.Sprintf("rollout %s has ended", ro.id)}
+	}
+	n := ro.announce(v)
+	writeHTTPJSON(w, http.StatusOK, PolicyVersionResult{Version: v, Rollouts: []PolicyVersionRollout{{ID: ro.id, Cancelled: n}}})
+	return nil
+}
