@@ -143,7 +143,9 @@ func TestMemoryCapHoldsForCodeBuiltAtRunTime(t *testing.T) {
 		`yes | sort`,
 		`yes | tail -n 100000000`,
 		`a=(); while :; do a+=(xxxxxxxxxxxxxxxx); done`,
-		`while :; do eval "v$RANDOM$RANDOM=xxxxxxxxxxxxxxxxxxxxxxxxxx"; done`,
+		// Many variables, each charged: 1 KB each reaches the cap in
+		// ~16,000 evals (quick even on a loaded machine).
+		`x=$(printf %01000d 0); i=0; while :; do eval "v$i=\$x"; i=$((i+1)); done`,
 		`printf '%*s' 100000000 x`,
 		`cat <<EOF
 $(yes)
