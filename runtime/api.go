@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -90,6 +91,10 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return nil, &apiError{Status: http.StatusRequestEntityTooLarge, Code: codeTooLarge, Message: fmt.Sprintf("the body is larger than %d bytes", limit)}
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, &apiError{Status: http.StatusRequestTimeout, Code: codeTimeout,
+				Message: "the body did not arrive in time (shorter than its Content-Length, or too slow)"}
 		}
 		return nil, badField("", "reading the body: %v", err)
 	}

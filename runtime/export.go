@@ -159,15 +159,17 @@ func WriteJSONL(w io.Writer, ts []*trajectory.Trajectory) error {
 // or of the service's data directory), those of rolloutID when it is set,
 // and attaches GRPO group statistics to the episodes of every complete
 // group (all of a group's episodes are in the directory). Journals of
-// episodes in flight are skipped.
-func LoadEpisodes(dir, rolloutID string) ([]*trajectory.Trajectory, error) {
+// episodes in flight are skipped; so are records that cannot be read
+// (damaged, or written by a newer schema): each is named in skipped
+// ("path: why") instead of failing the whole export.
+func LoadEpisodes(dir, rolloutID string) (ts []*trajectory.Trajectory, skipped []string, err error) {
 	pattern := "*.json"
 	if rolloutID != "" {
 		pattern = rolloutID + ".*.json"
 	}
 	paths, err := filepath.Glob(filepath.Join(dir, pattern))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var out []*trajectory.Trajectory
 	for _, p := range paths {
@@ -176,7 +178,8 @@ func LoadEpisodes(dir, rolloutID string) ([]*trajectory.Trajectory, error) {
 		}
 		t, err := trajectory.Read(p)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", p, err)
+			skipped = append(skipped, fmt.Sprintf("%s: %v", p, err))
+			continue
 		}
 		if rolloutID != "" && t.RolloutID != rolloutID {
 			continue
@@ -184,7 +187,7 @@ func LoadEpisodes(dir, rolloutID string) ([]*trajectory.Trajectory, error) {
 		out = append(out, t)
 	}
 	if _, err := os.Stat(dir); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].GroupID != out[j].GroupID {
@@ -193,7 +196,7 @@ func LoadEpisodes(dir, rolloutID string) ([]*trajectory.Trajectory, error) {
 		return out[i].GroupIndex < out[j].GroupIndex
 	})
 	AttachGroupStats(out)
-	return out, nil
+	return out, skipped, nil
 }
 
 // AttachGroupStats sets Group on every trajectory whose group is all

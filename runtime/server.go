@@ -49,6 +49,8 @@ type Options struct {
 	// Logger gets the structured log; slog.Default() when nil.
 	Logger *slog.Logger
 	Limits Limits
+	// HTTP are the timeouts of HTTPServer and of every answer.
+	HTTP HTTPTimeouts
 
 	// recoveryGate, when set (by tests), holds the recovery until closed.
 	recoveryGate chan struct{}
@@ -131,6 +133,7 @@ func Open(opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	opts.HTTP = opts.HTTP.withDefaults()
 	st, err := openStore(opts.DataDir)
 	if err != nil {
 		return nil, err
@@ -271,6 +274,7 @@ func (s *Server) routes() {
 		s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			sw := &statusWriter{ResponseWriter: w, status: 200}
 			start := time.Now()
+			http.NewResponseController(w).SetWriteDeadline(start.Add(s.opts.HTTP.Write))
 			if err := h(sw, r); err != nil {
 				var ae *apiError
 				if !errors.As(err, &ae) {
@@ -395,13 +399,13 @@ func (s *Server) getRolloutEpisodes(w http.ResponseWriter, r *http.Request) erro
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
-	bw := bufio.NewWriterSize(w, 64<<10)
+	lw := s.longAnswer(w)
+	bw := bufio.NewWriterSize(lw, 64<<10)
 	flush := func() error {
 		if err := bw.Flush(); err != nil {
 			return err
 		}
-		http.NewResponseController(w).Flush()
-		return nil
+		return lw.Flush()
 	}
 	var line bytes.Buffer
 	writeLine := func(e *episodeState, stats *trajectory.GroupStats) error {
@@ -645,7 +649,7 @@ func (s *Server) exportRollout(w http.ResponseWriter, r *http.Request) error {
 	} else {
 		w.Header().Set("Content-Type", "application/vnd.apache.parquet")
 	}
-	return WriteExport(w, ts, format, layout)
+	return WriteExport(s.longAnswer(w), ts, format, layout)
 }
 
 func (s *Server) getMetrics(w http.ResponseWriter, r *http.Request) error {

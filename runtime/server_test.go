@@ -1063,8 +1063,8 @@ func TestExportsRoundTripAsJSONLAndParquet(t *testing.T) {
 	}
 
 	// The same from the directory, offline.
-	ts, err := runtime.LoadEpisodes(filepath.Join(s.data, "episodes"), id)
-	if err != nil || len(ts) != 4 {
+	ts, skipped, err := runtime.LoadEpisodes(filepath.Join(s.data, "episodes"), id)
+	if err != nil || len(ts) != 4 || len(skipped) != 0 {
 		t.Fatalf("LoadEpisodes: %d %v", len(ts), err)
 	}
 	for _, tr := range ts {

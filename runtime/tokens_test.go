@@ -209,7 +209,7 @@ func TestASearchEpisodeThatPrunesExportsOneParquetRowPerSegment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts, err := runtime.LoadEpisodes(filepath.Join(out, "episodes"), "")
+	ts, _, err := runtime.LoadEpisodes(filepath.Join(out, "episodes"), "")
 	if err != nil {
 		t.Fatal(err)
 	}

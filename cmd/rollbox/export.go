@@ -50,9 +50,12 @@ files only, so it works while the service runs.`,
 		if st, err := os.Stat(filepath.Join(dir, "episodes")); err == nil && st.IsDir() {
 			dir = filepath.Join(dir, "episodes")
 		}
-		ts, err := runtime.LoadEpisodes(dir, *rollout)
+		ts, skipped, err := runtime.LoadEpisodes(dir, *rollout)
 		if err != nil {
 			return usagef("--from: %v", err)
+		}
+		for _, sk := range skipped {
+			fmt.Fprintf(env.stderr, "rollbox export: skipped an unreadable record: %s\n", sk)
 		}
 		var w io.Writer = env.stdout
 		if *out != "" {
@@ -71,7 +74,11 @@ files only, so it works while the service runs.`,
 				return err
 			}
 		}
-		fmt.Fprintf(env.stderr, "rollbox export: %d episode(s) from %s as %s\n", len(ts), dir, *format)
+		fmt.Fprintf(env.stderr, "rollbox export: %d episode(s) from %s as %s", len(ts), dir, *format)
+		if len(skipped) > 0 {
+			fmt.Fprintf(env.stderr, "; %d unreadable record(s) skipped", len(skipped))
+		}
+		fmt.Fprintln(env.stderr)
 		return nil
 	}
 	return cmd

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 	"syscall"
 	"time"
@@ -75,7 +76,7 @@ func gcAll(ctx context.Context, w io.Writer, cfg config) error {
 	leases := cfg.leaseDir
 	host := lease.Host()
 
-	removed, unleased, err := gcContainers(ctx, cfg, leases, host)
+	removed, unleased, err := gcContainers(ctx, cfg, leases, host, "")
 	switch {
 	case errors.Is(err, errNoEngine):
 		fmt.Fprintf(w, "gc: docker: no engine answers; no containers to remove\n")
@@ -120,9 +121,34 @@ func gcAll(ctx context.Context, w io.Writer, cfg config) error {
 
 var errNoEngine = errors.New("no docker engine")
 
+// gcOwner is rollbox serve's start-up clean-up: the containers of its own
+// owner label that no live process holds (what its crashed predecessor on
+// the same data directory left), and nothing of anyone else's. It reports
+// on log.
+func gcOwner(ctx context.Context, log *slog.Logger, cfg config) {
+	removed, _, err := gcContainers(ctx, cfg, cfg.leaseDir, lease.Host(), cfg.owner)
+	switch {
+	case errors.Is(err, errNoEngine):
+		log.Info("no docker engine answers; no orphaned containers to remove")
+	case err != nil:
+		log.Error("removing the containers a previous process left", "owner", cfg.owner, "err", err)
+	}
+	if len(removed) > 0 {
+		log.Warn("removed containers a previous process left", "owner", cfg.owner, "containers", len(removed))
+	}
+	for _, m := range docker.LeftoverMounts(removed) {
+		if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil {
+			log.Error("a mount of a removed container is left", "mount", m, "err", err)
+		}
+	}
+}
+
 // gcContainers removes the containers whose lease is dead, and counts those
-// carrying no lease (made by an older rollbox or by a test).
-func gcContainers(ctx context.Context, cfg config, leases, host string) (removed []string, unleased int, err error) {
+// carrying no lease (made by an older rollbox or by a test). With owner set
+// it looks only at that owner's containers, and removes its unleased ones
+// too (rollbox serve at start-up: its owner label is its data directory's,
+// which it holds locked).
+func gcContainers(ctx context.Context, cfg config, leases, host, owner string) (removed []string, unleased int, err error) {
 	if !cfg.dockerEngineMayAnswer() {
 		return nil, 0, errNoEngine
 	}
@@ -139,10 +165,13 @@ func gcContainers(ctx context.Context, cfg config, leases, host string) (removed
 	var lerrs []error
 	removed, err = docker.CleanupWhere(ctx, cli, func(c docker.Candidate) bool {
 		labels := c.Labels
+		if owner != "" && labels[docker.LabelOwner] != owner {
+			return false
+		}
 		token := labels[lease.LabelLease]
 		if token == "" {
 			unleased++
-			return false
+			return owner != ""
 		}
 		if labels[lease.LabelHost] != host {
 			return false // another host's process: its lease is not visible here

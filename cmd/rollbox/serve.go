@@ -7,11 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -23,7 +25,6 @@ import (
 	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/runtime"
 	"github.com/rollbox/rollbox/sandbox"
-	"github.com/rollbox/rollbox/sandbox/docker"
 )
 
 // newServeCmd is `rollbox serve`: the rollout HTTP API over --data DIR.
@@ -54,6 +55,12 @@ stderr.`,
 	warm := fs.Int("warm", 16, "most warm docker sandboxes kept per spec (sized from waiting episodes; 0 disables)")
 	envMax := fs.Int("max-env-episodes", 1024, "open environment-mode episodes")
 	envIdle := fs.Duration("env-idle-timeout", 10*time.Minute, "close an environment-mode episode idle this long")
+	shutdownTimeout := fs.Duration("shutdown-timeout", 30*time.Second, "on SIGTERM or SIGINT, stop within this long: queued and running episodes end interrupted; what has not ended by then is recovered at the next start")
+	diskReserve := fs.String("disk-reserve", "1GiB", "free `SIZE` of the data directory below which new work is refused (507) and queued episodes wait (B, KiB, MiB, GiB, TiB; KB, MB, GB, TB)")
+	readTimeout := fs.Duration("read-timeout", 60*time.Second, "bound on reading a whole request, body included (a client sending less than its Content-Length is cut off)")
+	writeTimeout := fs.Duration("write-timeout", 60*time.Second, "bound on writing an answer, renewed at every write of a stream or an export")
+	idleTimeout := fs.Duration("idle-timeout", 2*time.Minute, "close a kept-alive connection idle this long")
+	gcAllOwners := fs.Bool("gc-all-owners", false, "at start-up, also remove what any crashed rollbox left on this host (rollbox gc), not only this service's own containers")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this `FILE` (for go tool pprof)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
@@ -73,6 +80,16 @@ stderr.`,
 		}
 		if *wasmConc < 0 || *warm < 0 {
 			return usagef("--wasm-concurrency and --warm may not be negative")
+		}
+		reserve, err := parseSize(*diskReserve)
+		if err != nil {
+			return usagef("--disk-reserve: %v", err)
+		}
+		for name, d := range map[string]time.Duration{"--shutdown-timeout": *shutdownTimeout, "--read-timeout": *readTimeout,
+			"--write-timeout": *writeTimeout, "--idle-timeout": *idleTimeout} {
+			if d <= 0 {
+				return usagef("%s %s: must be positive", name, d)
+			}
 		}
 		log := slog.New(slog.NewJSONHandler(env.stderr, &slog.HandlerOptions{Level: level}))
 		if *cpuProfile != "" {
@@ -112,11 +129,15 @@ stderr.`,
 			cfg.owner = serviceOwner(*data) // for every backend opened below
 		}
 		owner := cfg.owner
-		removeOrphans(ctx, log, cfg)
-		// And what any crashed rollbox left (containers whose process lease is
-		// dead, build dirs, half-written cache files): never a live process's.
-		if err := gcAll(ctx, logLines{log}, cfg); err != nil {
-			log.Warn("cleaning up after crashed processes", "err", err)
+		gcOwner(ctx, log, cfg)
+		// What other crashed rollbox processes left (containers whose lease
+		// is dead, build dirs, half-written cache files) is theirs, unless
+		// asked: on a host shared by several services or users it is someone
+		// else's work.
+		if *gcAllOwners {
+			if err := gcAll(ctx, logLines{log}, cfg); err != nil {
+				log.Warn("cleaning up after crashed processes", "err", err)
+			}
 		}
 		// Every running episode holds its journal open, every policy slot a
 		// connection: say so at once when the descriptor limit cannot hold them.
@@ -129,18 +150,24 @@ stderr.`,
 		}
 
 		backends := newBackendSet(env.stderr, cfg)
-		defer backends.Close()
+		backendsOpen := true
+		defer func() {
+			if backendsOpen {
+				backends.Close()
+			}
+		}()
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		limits := runtime.Limits{MaxRunning: *maxRunning, MaxQueued: *maxQueued, PolicyConcurrency: *policyConc,
 			Backend: map[string]int{sandbox.BackendDocker: *dockerConc}, WarmPool: map[string]int{sandbox.BackendDocker: *warm},
-			MaxEnvEpisodes: *envMax, EnvIdleTimeout: *envIdle}
+			MaxEnvEpisodes: *envMax, EnvIdleTimeout: *envIdle, DiskReserve: reserve}
 		if *wasmConc > 0 {
 			limits.Backend[sandbox.BackendWASM] = *wasmConc
 		}
 		srv, err := runtime.Open(runtime.Options{
 			DataDir: *data, DefaultBackend: *backendName, Catalog: catalog, KnownTool: knownTool, PolicyAPIKey: cfg.openAIKey,
 			ConfigureEpisode: indexes.configure, Registry: reg, Logger: log, Limits: limits,
+			HTTP: runtime.HTTPTimeouts{Read: *readTimeout, Write: *writeTimeout, Idle: *idleTimeout},
 			Backends: runtime.BackendFunc(func(ctx context.Context, name string) (sandbox.Backend, error) {
 				return backends.get(ctx, name)
 			}),
@@ -153,7 +180,7 @@ stderr.`,
 			srv.Close()
 			return fmt.Errorf("listen on %s: %w", *addr, err)
 		}
-		hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+		hs := srv.HTTPServer()
 		served := make(chan error, 1)
 		go func() { served <- hs.Serve(ln) }()
 		abs, _ := filepath.Abs(*data)
@@ -164,13 +191,27 @@ stderr.`,
 		case <-ctx.Done():
 		case err = <-served:
 		}
-		log.Info("stopping")
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		log.Info("stopping", "shutdown_timeout", *shutdownTimeout)
+		start := time.Now()
+		sctx, cancel := context.WithTimeout(context.Background(), *shutdownTimeout)
 		defer cancel()
-		if serr := hs.Shutdown(sctx); serr != nil {
-			hs.Close() // streams still open
+		// No new connection from now on; the streams still open end as their
+		// rollouts do (every episode ends interrupted).
+		httpDone := make(chan struct{})
+		go func() { hs.Shutdown(sctx); close(httpDone) }()
+		cerr := srv.Shutdown(sctx)
+		hs.Close()
+		<-httpDone
+		backendsOpen = false
+		closed := make(chan error, 1)
+		go func() { closed <- backends.Close() }()
+		select {
+		case berr := <-closed:
+			cerr = errors.Join(cerr, berr)
+		case <-sctx.Done():
+			cerr = errors.Join(cerr, errors.New("the sandbox backends were still closing when --shutdown-timeout passed"))
 		}
-		cerr := srv.Close()
+		log.Info("stopped", "took", time.Since(start), "err", cerr)
 		if errors.Is(err, http.ErrServerClosed) {
 			err = nil
 		}
@@ -201,30 +242,26 @@ func serviceOwner(dataDir string) string {
 	return "rollbox-serve-" + hex.EncodeToString(sum[:6])
 }
 
-// removeOrphans removes the containers a previous service on the same data
-// directory left (a crash leaves them running). Without a reachable engine
-// there is nothing to remove: WASM sandboxes die with their process.
-func removeOrphans(ctx context.Context, log *slog.Logger, cfg config) {
-	if !cfg.dockerEngineMayAnswer() {
-		return
+// parseSize reads a size: a number with an optional unit (B, KiB, MiB, GiB,
+// TiB, or the powers of ten KB, MB, GB, TB), e.g. 512MiB, 1.5GB, 1048576.
+func parseSize(v string) (int64, error) {
+	v = strings.TrimSpace(v)
+	units := []struct {
+		suffix string
+		mult   float64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10},
+		{"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}}
+	mult := 1.0
+	num := v
+	for _, u := range units {
+		if strings.HasSuffix(strings.ToLower(v), strings.ToLower(u.suffix)) {
+			num, mult = strings.TrimSpace(v[:len(v)-len(u.suffix)]), u.mult
+			break
+		}
 	}
-	owner := cfg.owner
-	cli, err := docker.NewClient()
-	if err != nil {
-		return
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil || f < 0 || math.IsInf(f, 0) || f*mult > math.MaxInt64/2 {
+		return 0, fmt.Errorf("%q is not a size (e.g. 512MiB, 1GiB, 10GB)", v)
 	}
-	defer cli.Close()
-	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	if _, err := cli.Ping(pctx); err != nil {
-		log.Info("no docker engine answers; no orphaned containers to remove", "err", err)
-		return
-	}
-	n, err := docker.Cleanup(ctx, cli, owner)
-	if err != nil {
-		log.Error("removing orphaned containers", "owner", owner, "err", err)
-	}
-	if n > 0 {
-		log.Warn("removed containers a previous process left", "owner", owner, "containers", n)
-	}
+	return int64(f * mult), nil
 }

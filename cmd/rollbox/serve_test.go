@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -18,8 +19,10 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 
+	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/images"
 	"github.com/rollbox/rollbox/internal/fakepolicy"
+	"github.com/rollbox/rollbox/internal/lease"
 	"github.com/rollbox/rollbox/runtime"
 	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/sandbox/docker"
@@ -235,5 +238,151 @@ func TestServeRemovesTheContainersACrashedServiceLeft(t *testing.T) {
 	defer stop()
 	if n := owned(); n != 0 {
 		t.Errorf("%d orphaned containers left after serve started", n)
+	}
+}
+
+func TestServeStopsWithinItsShutdownTimeoutAndRecordsEveryEpisodeInterrupted(t *testing.T) {
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	release := make(chan struct{})
+	defer close(release)
+	p, err := fakepolicy.Start(fakepolicy.Config{Responder: fakepolicy.BashThenFinish(5),
+		Fault: func(_ int64, req *fakepolicy.Request) fakepolicy.Fault {
+			if req.AssistantTurns() > 0 {
+				<-release
+			}
+			return fakepolicy.Fault{}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	url, stop := serve(t, "--data", data, "--max-running", "8", "--shutdown-timeout", "10s")
+	tasks := []any{}
+	for i := range 4 {
+		tasks = append(tasks, map[string]any{"id": fmt.Sprintf("t%d", i), "prompt": "wait", "tools": []string{"bash", "finish"},
+			"reward": map[string]any{"type": "exact", "answer": "done"}})
+	}
+	body, _ := json.Marshal(map[string]any{"tasks": tasks, "group_size": 100, "policy": map[string]any{"base_url": p.URL(), "model": "m"}})
+	resp, err := http.Post(url+"/v1/rollouts", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var created struct{ ID string }
+	json.NewDecoder(resp.Body).Decode(&created)
+	resp.Body.Close()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var h runtime.Health
+		if resp, err := http.Get(url + "/healthz"); err == nil {
+			json.NewDecoder(resp.Body).Decode(&h)
+			resp.Body.Close()
+		}
+		if h.EpisodesRunning == 8 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("8 episodes did not start: %+v", h)
+		}
+	}
+	start := time.Now()
+	if code := stop(); code != 0 {
+		t.Fatalf("serve exited %d", code)
+	}
+	took := time.Since(start)
+	t.Logf("serve stopped %s after the signal with 400 episodes (8 running)", took)
+	if took > 10*time.Second {
+		t.Errorf("serve took %s to stop", took)
+	}
+	url, stop = serve(t, "--data", data)
+	defer stop()
+	var st runtime.RolloutStatus
+	resp, err = http.Get(url + "/v1/rollouts/" + created.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	json.NewDecoder(resp.Body).Decode(&st)
+	resp.Body.Close()
+	if st.State != runtime.RolloutCancelled || !st.Interrupted || st.EpisodesDone != 400 || st.Ends["interrupted"] != 400 {
+		t.Errorf("after the shutdown: %+v", st)
+	}
+}
+
+func TestServeStartupGCLeavesOtherOwnersContainersAlone(t *testing.T) {
+	needDocker(t)
+	ctx := context.Background()
+	guest, err := images.NewBuilder(io.Discard).Build(ctx, guestTarget)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases := t.TempDir()
+	t.Setenv("ROLLBOX_LEASE_DIR", leases)
+	// A dead lease: its file is there and no process holds it.
+	dead := fmt.Sprintf("%016x", time.Now().UnixNano())
+	if err := os.WriteFile(filepath.Join(leases, dead+".lease"), []byte("pid 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	owners := map[string]string{"mine": fmt.Sprintf("rollbox-serve-gc-mine-%d", os.Getpid()), "other": fmt.Sprintf("rollbox-serve-gc-other-%d", os.Getpid())}
+	count := map[string]func() int{}
+	for who, owner := range owners {
+		be, err := docker.New(ctx, docker.Options{GuestPath: guest, Owner: owner,
+			Labels: map[string]string{lease.LabelLease: dead, lease.LabelHost: lease.Host()}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer be.Close()
+		defer docker.Cleanup(context.Background(), be.Client(), owner)
+		if _, err := be.Create(ctx, sandbox.Spec{Image: "base"}); err != nil {
+			t.Fatal(err)
+		}
+		count[who] = func() int {
+			list, err := be.Client().ContainerList(ctx, container.ListOptions{All: true,
+				Filters: filters.NewArgs(filters.Arg("label", docker.LabelOwner+"="+owner))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return len(list)
+		}
+	}
+	t.Setenv("ROLLBOX_OWNER", owners["mine"])
+	_, stop := serve(t, "--data", t.TempDir())
+	stop()
+	if count["mine"]() != 0 || count["other"]() != 1 {
+		t.Errorf("after serve started: %d of mine, %d of the other owner's; want 0 and 1", count["mine"](), count["other"]())
+	}
+	_, stop = serve(t, "--data", t.TempDir(), "--gc-all-owners")
+	stop()
+	if n := count["other"](); n != 0 {
+		t.Errorf("--gc-all-owners left %d of the other owner's dead containers", n)
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int64{"1GiB": 1 << 30, "512MiB": 512 << 20, "1.5KiB": 1536, "10GB": 10e9, "2mb": 2e6, "4096": 4096, "0": 0, "7 B": 7} {
+		if got, err := parseSize(in); err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "lots", "-1GiB", "1e300GiB", "GiB"} {
+		if _, err := parseSize(bad); err == nil {
+			t.Errorf("parseSize(%q) succeeded", bad)
+		}
+	}
+}
+
+func TestExportSkipsAndNamesAnUnreadableRecord(t *testing.T) {
+	dir := t.TempDir()
+	eps := filepath.Join(dir, "episodes")
+	os.MkdirAll(eps, 0o755)
+	good := &trajectory.Trajectory{EpisodeID: "r1.t.0", RolloutID: "r1", GroupID: "r1.t", TaskID: "t",
+		Termination: &trajectory.Termination{Reason: trajectory.EndFinished}}
+	w, err := trajectory.NewWriter(eps, good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.End(good.Termination, nil, trajectory.Stats{})
+	os.WriteFile(filepath.Join(eps, "r1.t.1.json"), []byte(`{"schema": "rollbox.traj`), 0o644)
+	code, out, stderr := rollbox(t, "export", "--from", dir, "--format", "jsonl")
+	if code != 0 || strings.Count(out, "\n") != 1 || !strings.Contains(stderr, "r1.t.1.json") || !strings.Contains(stderr, "1 unreadable record(s) skipped") {
+		t.Errorf("export: %d\n%s\n%s", code, out, stderr)
 	}
 }

@@ -1,0 +1,78 @@
+package runtime
+
+import (
+	"io"
+	"net/http"
+	"time"
+)
+
+// HTTPTimeouts bound what one client connection may hold of the service.
+// Zero fields take the defaults.
+type HTTPTimeouts struct {
+	// ReadHeader bounds reading a request's headers (default 10 s).
+	ReadHeader time.Duration
+	// Read bounds reading a whole request, body included (default 60 s): a
+	// client that sends less than its Content-Length, or trickles it, is cut
+	// off instead of holding a connection forever. Streams and exports lift
+	// it once their request is read.
+	Read time.Duration
+	// Write bounds writing an answer (default 60 s); a stream or an export
+	// renews it at every write, so a long stream lives while its reader
+	// reads, and a reader that stops is cut off.
+	Write time.Duration
+	// Idle bounds a kept-alive connection between requests (default 2 min).
+	Idle time.Duration
+}
+
+func (t HTTPTimeouts) withDefaults() HTTPTimeouts {
+	if t.ReadHeader <= 0 {
+		t.ReadHeader = 10 * time.Second
+	}
+	if t.Read <= 0 {
+		t.Read = 60 * time.Second
+	}
+	if t.Write <= 0 {
+		t.Write = 60 * time.Second
+	}
+	if t.Idle <= 0 {
+		t.Idle = 2 * time.Minute
+	}
+	return t
+}
+
+// HTTPServer is an http.Server for Handler with the service's timeouts
+// (Options.HTTP). Serve it, and Shutdown the service when it stops.
+func (s *Server) HTTPServer() *http.Server {
+	t := s.opts.HTTP
+	return &http.Server{Handler: s.Handler(), ReadHeaderTimeout: t.ReadHeader, ReadTimeout: t.Read, IdleTimeout: t.Idle,
+		MaxHeaderBytes: 64 << 10}
+}
+
+// longAnswer prepares a handler whose answer may take long to write (a
+// stream, an export): the read deadline is lifted (the request has been
+// read; a deadline left on the connection would cancel the request's
+// context when it passes) and writes go through a writer that renews the
+// write deadline at every write.
+func (s *Server) longAnswer(w http.ResponseWriter) *deadlineWriter {
+	rc := http.NewResponseController(w)
+	rc.SetReadDeadline(time.Time{})
+	return &deadlineWriter{w: w, rc: rc, d: s.opts.HTTP.Write}
+}
+
+// deadlineWriter renews a response's write deadline before every write.
+type deadlineWriter struct {
+	w  io.Writer
+	rc *http.ResponseController
+	d  time.Duration
+}
+
+func (dw *deadlineWriter) Write(p []byte) (int, error) {
+	dw.rc.SetWriteDeadline(time.Now().Add(dw.d))
+	return dw.w.Write(p)
+}
+
+// Flush sends what is buffered, under a renewed deadline.
+func (dw *deadlineWriter) Flush() error {
+	dw.rc.SetWriteDeadline(time.Now().Add(dw.d))
+	return dw.rc.Flush()
+}
