@@ -26,14 +26,20 @@ func (s *Session) deadlineErr(ctx context.Context) error {
 
 var errEpisodeTimeout = errors.New("episode deadline passed")
 
+// isTimeout reports whether a context error is the episode's deadline (a
+// timeout) rather than a cancellation.
+func isTimeout(err error) bool {
+	return errors.Is(err, errEpisodeTimeout) || errors.Is(err, context.DeadlineExceeded)
+}
+
 // endCtx ends the episode for a context error or the deadline. A context
 // cancelled with a *StopCause ends the episode for the cause's reason
-// (interrupted, when the service stops), whichever of the episode's steps
-// notices first.
+// (interrupted, when the service stops or a run gets SIGINT/SIGTERM),
+// whichever of the episode's steps notices first.
 func (s *Session) endCtx(ctx context.Context, err error) error {
 	var sc *StopCause
 	switch {
-	case errors.Is(err, errEpisodeTimeout) || errors.Is(err, context.DeadlineExceeded):
+	case isTimeout(err):
 		return s.end(ctx, trajectory.EndEpisodeTimeout, fmt.Sprintf("episode_timeout_s %v passed", s.task.Limits.EpisodeTimeoutS))
 	case errors.As(context.Cause(ctx), &sc):
 		return s.end(ctx, sc.Reason, sc.Message)

@@ -280,6 +280,31 @@ func (s *Session) stepLocked(ctx context.Context, turn Turn) ([]ToolOutcome, err
 	return outs, nil
 }
 
+// ctxKind is the error kind of a tool call stopped by a context error:
+// timeout for the episode's deadline, cancelled for a cancellation.
+func ctxKind(err error) tools.ErrorKind {
+	if isTimeout(err) {
+		return tools.KindTimeout
+	}
+	return tools.KindCancelled
+}
+
+// ctxMessage says what stopped a call: the deadline, or the cancellation's
+// cause ("interrupted by SIGINT").
+func ctxMessage(ctx context.Context, err error) string {
+	if isTimeout(err) {
+		return err.Error()
+	}
+	var sc *StopCause
+	if errors.As(context.Cause(ctx), &sc) {
+		return "cancelled: " + sc.Message
+	}
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return "cancelled: " + cause.Error()
+	}
+	return "cancelled: " + err.Error()
+}
+
 // runCall runs one tool call, records it and appends the tool message. A
 // non-nil error is a sandbox failure that ends the episode, or a
 // *RecordError that has ended it.
@@ -301,9 +326,9 @@ func (s *Session) runCall(ctx context.Context, call ToolCall) (ToolOutcome, erro
 		if sandbox.IsAbuse(err) {
 			kind = tools.KindSandboxAbuse
 		}
-		if cerr := s.deadlineErr(ctx); cerr != nil {
-			kind = tools.KindTimeout
-			msg = cerr.Error()
+		cerr := s.deadlineErr(ctx)
+		if cerr != nil {
+			kind, msg = ctxKind(cerr), ctxMessage(ctx, cerr)
 		}
 		k := string(kind)
 		step.ErrorKind, step.Error, step.OK = &k, msg, ptr(false)
@@ -314,10 +339,17 @@ func (s *Session) runCall(ctx context.Context, call ToolCall) (ToolOutcome, erro
 			return out, s.failRecord(rerr)
 		}
 		s.messages = append(s.messages, Message{Role: RoleTool, ToolCallID: call.ID, Name: call.Name, Content: step.Output})
-		if kind == tools.KindTimeout {
-			return out, s.deadlineErr(ctx)
+		if cerr != nil {
+			return out, cerr
 		}
 		return out, err
+	}
+	if res.ErrorKind == tools.KindTimeout {
+		// A command killed because the episode was cancelled or the run
+		// interrupted did not time out: say what stopped it.
+		if cerr := ctx.Err(); cerr != nil && !isTimeout(cerr) {
+			res.ErrorKind, res.Err = tools.KindCancelled, ctxMessage(ctx, cerr)
+		}
 	}
 	text, dropped := Truncate(res.Text, s.task.Limits.MaxToolOutputBytes)
 	step.Output, step.Truncated = text, dropped > 0

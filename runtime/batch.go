@@ -49,12 +49,25 @@ type BatchConfig struct {
 
 // Summary is summary.json.
 type Summary struct {
-	Schema     string                  `json:"schema"`
-	RolloutID  string                  `json:"rollout_id"`
-	Episodes   int                     `json:"episodes"`
-	Scored     int                     `json:"scored"`
-	RewardMean float64                 `json:"reward_mean"`
-	PassRate   float64                 `json:"pass_rate"`
+	Schema    string `json:"schema"`
+	RolloutID string `json:"rollout_id"`
+	// Planned is the episodes the run was to run (tasks × group) and
+	// Started those that began (rollbox run); Episodes those recorded.
+	Planned  int `json:"planned,omitempty"`
+	Started  int `json:"started,omitempty"`
+	Episodes int `json:"episodes"`
+	// Interrupted is set when the run stopped (SIGINT, SIGTERM: its
+	// context was cancelled) before every planned episode ended.
+	Interrupted bool `json:"interrupted,omitempty"`
+	// Message says what stopped an interrupted run ("interrupted by
+	// SIGINT").
+	Message string `json:"message,omitempty"`
+	Scored  int    `json:"scored"`
+	// RewardMean and PassRate are over the scored episodes: null when none
+	// was scored (every one ended policy_error, sandbox_error, ...), never
+	// a 0 that reads as the model's.
+	RewardMean *float64                `json:"reward_mean"`
+	PassRate   *float64                `json:"pass_rate"`
 	Tasks      map[string]*TaskSummary `json:"tasks"`
 	Ends       map[string]int          `json:"ends"`
 	ToolErrors map[string]int          `json:"tool_errors"`
@@ -73,12 +86,13 @@ type Summary struct {
 	StartedAt      time.Time      `json:"started_at"`
 }
 
-// TaskSummary is one task's line of the summary.
+// TaskSummary is one task's line of the summary; its means are null when
+// none of its episodes was scored.
 type TaskSummary struct {
-	Episodes   int     `json:"episodes"`
-	Scored     int     `json:"scored"`
-	RewardMean float64 `json:"reward_mean"`
-	PassRate   float64 `json:"pass_rate"`
+	Episodes   int      `json:"episodes"`
+	Scored     int      `json:"scored"`
+	RewardMean *float64 `json:"reward_mean"`
+	PassRate   *float64 `json:"pass_rate"`
 }
 
 // GroupSummary has a group's GRPO statistics.
@@ -133,13 +147,16 @@ func RunBatch(ctx context.Context, cfg BatchConfig) (*Summary, error) {
 	results := make([]*trajectory.Trajectory, 0, total)
 	var mu sync.Mutex
 	var errs []error
-	var retries int
+	var retries, started int
 	var wg sync.WaitGroup
 	for range min(cfg.Concurrency, total) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for j := range jobs {
+				mu.Lock()
+				started++
+				mu.Unlock()
 				ecfg := j.plan.config(cfg.RolloutID, j.index, dir)
 				ecfg.NewSandbox, ecfg.Policy, ecfg.PolicyInfo, ecfg.Sampling, ecfg.Observe =
 					cfg.NewSandbox, cfg.Policy, cfg.PolicyInfo, cfg.Sampling, cfg.OnStep
@@ -191,11 +208,19 @@ feed:
 	sum.StartedAt = start.UTC()
 	sum.WallTimeS = time.Since(start).Seconds()
 	sum.InfraRetries = retries
+	sum.Planned, sum.Started = total, started
+	if ctx.Err() != nil && (started < total || sum.Ends[trajectory.EndInterrupted]+sum.Ends[trajectory.EndCancelled] > 0) {
+		sum.Interrupted, sum.Message = true, context.Cause(ctx).Error()
+		var sc *agent.StopCause
+		if errors.As(context.Cause(ctx), &sc) {
+			sum.Message = sc.Message
+		}
+	}
 	if err := writeJSON(filepath.Join(cfg.OutDir, "summary.json"), sum); err != nil {
 		errs = append(errs, err)
 	}
-	if ctx.Err() != nil && len(results) < total {
-		errs = append(errs, fmt.Errorf("cancelled with %d of %d episodes started: %w", len(results), total, ctx.Err()))
+	if sum.Interrupted {
+		errs = append(errs, fmt.Errorf("%s with %d of %d episodes started: %w", sum.Message, started, total, ctx.Err()))
 	}
 	if len(errs) > 3 {
 		errs = append(errs[:3], fmt.Errorf("and %d more", len(errs)-3))
@@ -207,8 +232,9 @@ feed:
 func Summarize(rolloutID string, ts []*trajectory.Trajectory) *Summary {
 	s := &Summary{Schema: "rollbox.summary/v1", RolloutID: rolloutID, Tasks: map[string]*TaskSummary{},
 		Ends: map[string]int{}, ToolErrors: map[string]int{}, Groups: []GroupSummary{}}
-	var sum float64
-	var pass int
+	type sums struct{ reward, pass float64 }
+	var all sums
+	perTask := map[string]*sums{}
 	groups := map[string][]*trajectory.Trajectory{}
 	for _, t := range ts {
 		s.Episodes++
@@ -216,6 +242,7 @@ func Summarize(rolloutID string, ts []*trajectory.Trajectory) *Summary {
 		if ts == nil {
 			ts = &TaskSummary{}
 			s.Tasks[t.TaskID] = ts
+			perTask[t.TaskID] = &sums{}
 		}
 		ts.Episodes++
 		if t.Termination != nil {
@@ -233,24 +260,18 @@ func Summarize(rolloutID string, ts []*trajectory.Trajectory) *Summary {
 		if v, ok := t.Value(); ok {
 			s.Scored++
 			ts.Scored++
-			sum += v
-			ts.RewardMean += v
+			all.reward += v
+			perTask[t.TaskID].reward += v
 			if v >= 1 {
-				pass++
-				ts.PassRate++
+				all.pass++
+				perTask[t.TaskID].pass++
 			}
 		}
 		groups[t.GroupID] = append(groups[t.GroupID], t)
 	}
-	if s.Scored > 0 {
-		s.RewardMean = sum / float64(s.Scored)
-		s.PassRate = float64(pass) / float64(s.Scored)
-	}
-	for _, ts := range s.Tasks {
-		if ts.Scored > 0 {
-			ts.RewardMean /= float64(ts.Scored)
-			ts.PassRate /= float64(ts.Scored)
-		}
+	s.RewardMean, s.PassRate = mean(all.reward, s.Scored), mean(all.pass, s.Scored)
+	for id, ts := range s.Tasks {
+		ts.RewardMean, ts.PassRate = mean(perTask[id].reward, ts.Scored), mean(perTask[id].pass, ts.Scored)
 	}
 	ids := make([]string, 0, len(groups))
 	for id := range groups {
@@ -273,6 +294,15 @@ func Summarize(rolloutID string, ts []*trajectory.Trajectory) *Summary {
 		s.Groups = append(s.Groups, gs)
 	}
 	return s
+}
+
+// mean is sum/n, or nil when n is 0.
+func mean(sum float64, n int) *float64 {
+	if n == 0 {
+		return nil
+	}
+	m := sum / float64(n)
+	return &m
 }
 
 // GroupStats are a group's GRPO statistics over its scored episodes:

@@ -337,7 +337,7 @@ func TestARolloutStreamsEveryEpisodeWithItsGroupStatistics(t *testing.T) {
 		t.Errorf("GET /v1/rollouts: %+v", list)
 	}
 	var sum runtime.Summary
-	if code, _ := s.do("GET", "/v1/rollouts/"+id+"/summary", nil, &sum); code != 200 || sum.Episodes != 8 || sum.RewardMean != 0.75 ||
+	if code, _ := s.do("GET", "/v1/rollouts/"+id+"/summary", nil, &sum); code != 200 || sum.Episodes != 8 || sum.RewardMean == nil || *sum.RewardMean != 0.75 ||
 		len(sum.Groups) != 2 || !sum.Groups[1].ZeroVariance || sum.Groups[0].ZeroVariance {
 		t.Errorf("summary: %d %+v", code, sum)
 	}

@@ -21,8 +21,9 @@ type ErrorKind string
 
 // The error kinds. The tools set the first five and sandbox_error; the agent
 // loop sets output_truncated (it cuts the output for the model), timeout
-// (the episode's deadline), sandbox_error and sandbox_abuse (a sandbox that
-// failed under a call, or that the call's own command broke).
+// (the episode's deadline), cancelled (the run was interrupted or the
+// episode cancelled while the call ran), sandbox_error and sandbox_abuse (a
+// sandbox that failed under a call, or that the call's own command broke).
 const (
 	KindBadArguments    ErrorKind = "bad_arguments"
 	KindUnknownTool     ErrorKind = "unknown_tool"
@@ -35,11 +36,15 @@ const (
 	// KindSandboxAbuse: the call's own command broke the sandbox (killed,
 	// froze or exhausted what serves it); the episode ends sandbox_abuse.
 	KindSandboxAbuse ErrorKind = "sandbox_abuse"
+	// KindCancelled: the call was killed because the episode was cancelled
+	// or the run interrupted (SIGINT, SIGTERM, DELETE), not for its own
+	// sake; the episode ends cancelled or interrupted, unscored.
+	KindCancelled ErrorKind = "cancelled"
 )
 
 // ErrorKinds is the closed list, in order.
 func ErrorKinds() []ErrorKind {
-	return []ErrorKind{KindBadArguments, KindUnknownTool, KindTimeout, KindNonzeroExit, KindOOM, KindOutputTruncated, KindSandbox, KindPolicy, KindSandboxAbuse}
+	return []ErrorKind{KindBadArguments, KindUnknownTool, KindTimeout, KindNonzeroExit, KindOOM, KindOutputTruncated, KindSandbox, KindPolicy, KindSandboxAbuse, KindCancelled}
 }
 
 // Sandbox is what the tools need of a sandbox.

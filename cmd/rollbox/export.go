@@ -5,9 +5,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
+	"strings"
 
 	"github.com/spf13/cobra"
 
+	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/runtime"
 )
 
@@ -30,7 +33,7 @@ files only, so it works while the service runs.`,
 	}
 	fs := cmd.Flags()
 	fs.SortFlags = false
-	from := fs.String("from", "", "`DIR`: a rollbox run --out directory or a rollbox serve --data directory (or its episodes/ directory)")
+	from := fs.String("from", "", "`DIR`: a rollbox run --out directory, a directory of them (out/), or a rollbox serve --data directory (or an episodes/ directory)")
 	rollout := fs.String("rollout", "", "only this rollout's episodes (`ID`)")
 	format := fs.String("format", "jsonl", "jsonl or parquet")
 	layout := fs.String("layout", "episodes", "episodes (one row per episode) or segments (one row per token segment of token-mode episodes: input_ids, loss_mask, logprobs, reward, advantage, policy_version)")
@@ -46,14 +49,16 @@ files only, so it works while the service runs.`,
 		case *format == "parquet" && *out == "":
 			return usagef("--format parquet needs --out FILE")
 		}
-		dir := *from
-		if st, err := os.Stat(filepath.Join(dir, "episodes")); err == nil && st.IsDir() {
-			dir = filepath.Join(dir, "episodes")
+		var ts []*trajectory.Trajectory
+		var skipped []string
+		for _, dir := range episodeDirs(*from) {
+			got, sk, err := runtime.LoadEpisodes(dir, *rollout)
+			if err != nil {
+				return usagef("--from: %v", err)
+			}
+			ts, skipped = append(ts, got...), append(skipped, sk...)
 		}
-		ts, skipped, err := runtime.LoadEpisodes(dir, *rollout)
-		if err != nil {
-			return usagef("--from: %v", err)
-		}
+		sort.SliceStable(ts, func(i, j int) bool { return ts[i].RolloutID < ts[j].RolloutID })
 		for _, sk := range skipped {
 			fmt.Fprintf(env.stderr, "rollbox export: skipped an unreadable record: %s\n", sk)
 		}
@@ -74,7 +79,7 @@ files only, so it works while the service runs.`,
 				return err
 			}
 		}
-		fmt.Fprintf(env.stderr, "rollbox export: %d episode(s) from %s as %s", len(ts), dir, *format)
+		fmt.Fprintf(env.stderr, "rollbox export: %d episode(s) of %s from %s as %s", len(ts), runCounts(ts), *from, *format)
 		if len(skipped) > 0 {
 			fmt.Fprintf(env.stderr, "; %d unreadable record(s) skipped", len(skipped))
 		}
@@ -82,4 +87,41 @@ files only, so it works while the service runs.`,
 		return nil
 	}
 	return cmd
+}
+
+// episodeDirs lists the directories of trajectories under dir: dir/episodes
+// (a run's or a service's), else each dir/*/episodes (a directory of runs,
+// out/) and dir itself.
+func episodeDirs(dir string) []string {
+	isDir := func(p string) bool { st, err := os.Stat(p); return err == nil && st.IsDir() }
+	if isDir(filepath.Join(dir, "episodes")) {
+		return []string{filepath.Join(dir, "episodes")}
+	}
+	dirs := []string{dir}
+	subs, _ := filepath.Glob(filepath.Join(dir, "*", "episodes"))
+	sort.Strings(subs)
+	for _, s := range subs {
+		if isDir(s) {
+			dirs = append(dirs, s)
+		}
+	}
+	return dirs
+}
+
+// runCounts says how many episodes of which runs ts holds: "2 runs (r-a:
+// 12, r-b: 12)".
+func runCounts(ts []*trajectory.Trajectory) string {
+	n := map[string]int{}
+	var ids []string
+	for _, t := range ts {
+		if n[t.RolloutID] == 0 {
+			ids = append(ids, t.RolloutID)
+		}
+		n[t.RolloutID]++
+	}
+	parts := make([]string, len(ids))
+	for i, id := range ids {
+		parts[i] = fmt.Sprintf("%s: %d", id, n[id])
+	}
+	return fmt.Sprintf("%d run(s) (%s)", len(ids), strings.Join(parts, ", "))
 }

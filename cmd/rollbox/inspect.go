@@ -81,7 +81,7 @@ func serveInspect(ctx context.Context, env *cliEnv, dir, addr string) error {
 		return usagef("--addr: %v", err)
 	}
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	fmt.Fprintf(env.stderr, "rollbox inspect: %d episode(s) from %s at http://%s/ (Ctrl-C stops)\n", list.Total, list.Dir, ln.Addr())
+	fmt.Fprintf(env.stderr, "rollbox inspect: %d episode(s) of %d run(s) from %s at http://%s/ (Ctrl-C stops)\n", list.Total, len(list.Runs), list.Dir, ln.Addr())
 	done := make(chan error, 1)
 	go func() { done <- hs.Serve(ln) }()
 	select {

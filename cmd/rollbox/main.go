@@ -23,6 +23,9 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/rollbox/rollbox/agent"
+	"github.com/rollbox/rollbox/agent/trajectory"
 )
 
 // version is set by -ldflags "-X main.version=..." in release builds.
@@ -132,7 +135,7 @@ func main() {
 // signal that did (nil before one came). A second signal exits at once
 // with 128+its number.
 func withSignals(parent context.Context, stderr io.Writer) (context.Context, func() os.Signal, func()) {
-	ctx, cancel := context.WithCancel(parent)
+	ctx, cancel := context.WithCancelCause(parent)
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	var got os.Signal
@@ -144,8 +147,8 @@ func withSignals(parent context.Context, stderr io.Writer) (context.Context, fun
 		}
 		got = s
 		close(received)
-		fmt.Fprintf(stderr, "\nrollbox: %v: stopping (a second signal stops at once)\n", s)
-		cancel()
+		fmt.Fprintf(stderr, "\nrollbox: %s: stopping; the episodes in flight are recorded interrupted (a second signal stops at once)\n", signalName(s))
+		cancel(&agent.StopCause{Reason: trajectory.EndInterrupted, Message: "interrupted by " + signalName(s)})
 		if s, ok = <-sigs; ok {
 			os.Exit(128 + signalNumber(s))
 		}
@@ -158,7 +161,18 @@ func withSignals(parent context.Context, stderr io.Writer) (context.Context, fun
 			return nil
 		}
 	}
-	return ctx, which, func() { signal.Stop(sigs); close(sigs); cancel() }
+	return ctx, which, func() { signal.Stop(sigs); close(sigs); cancel(nil) }
+}
+
+// signalName is SIGINT, SIGTERM, ... for s.
+func signalName(s os.Signal) string {
+	switch s {
+	case os.Interrupt:
+		return "SIGINT"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	}
+	return s.String()
 }
 
 // signalNumber is s's number (SIGINT 2, SIGTERM 15).

@@ -19,12 +19,15 @@ import (
 // whole: its exit status, a crash.
 func TestMain(m *testing.M) {
 	if args := os.Getenv("ROLLBOX_TEST_MAIN"); args != "" {
-		env := &cliEnv{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr}
+		ctx, sig, stop := withSignals(context.Background(), os.Stderr)
+		env := &cliEnv{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, signal: sig}
 		var argv []string
 		if err := json.Unmarshal([]byte(args), &argv); err != nil {
 			panic(err)
 		}
-		os.Exit(run(context.Background(), env, argv))
+		code := run(ctx, env, argv)
+		stop()
+		os.Exit(code)
 	}
 	os.Exit(m.Run())
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,8 +32,15 @@ times, --concurrency episodes at once, each in a fresh sandbox, and write one
 trajectory per episode to OUT/episodes/<episode id>.json and OUT/summary.json.
 Progress goes to stderr.
 
+OUT (--out, default out/<rollout id>) is the run's own directory: one that
+holds anything already (another run above all) is refused, so runs are never
+mixed or overwritten.
+
 Exit status: 0 when every episode ran to a recorded end, whatever its reward;
-1 for a runtime failure; 2 for bad input (nothing is started).`,
+1 for a runtime failure, or when no episode could be scored (summary.json's
+reward_mean is null then); 2 for bad input (nothing is started); 130 or 143
+when SIGINT or SIGTERM stopped the run (summary.json says interrupted: true,
+with the planned and started counts).`,
 		Example: `  rollbox run --tasks examples/coding/tasks.jsonl --policy scripted:examples/coding/policy.jsonl --group 2
   rollbox run --tasks tasks.jsonl --policy 'openai:http://127.0.0.1:8000/v1#model=Qwen3-8B' --group 8 --concurrency 64`,
 		Args: noArgs,
@@ -96,13 +104,31 @@ Exit status: 0 when every episode ran to a recorded end, whatever its reward;
 		}
 		rolloutID := runtime.NewID("r")
 		if *out == "" {
-			*out = "out/" + rolloutID
+			*out = filepath.Join("out", rolloutID)
+		}
+		total := len(tasks) * *group
+		claim, err := claimOutDir(*out, runMarker{RolloutID: rolloutID, StartedAt: time.Now().UTC(), Tasks: absPath(*tasksFile),
+			Policy: info.Kind + ":" + info.Endpoint, Group: *group, Concurrency: *concurrency, Backend: *backendName, Version: versionString()})
+		if err != nil {
+			return err
 		}
 		backends := newBackendSet(env.stderr, env.cfg)
 		backends.opts.auditLog = *auditLog
 		defer backends.Close()
+		// The backends the tasks need open now, before any episode starts:
+		// a first-use build or compile is the runtime's, not an episode's
+		// (its duration and timeouts never count it), and an engine that is
+		// not there fails the run before it starts.
+		for _, name := range backendsOf(tasks, *backendName) {
+			if _, err := backends.get(ctx, name); err != nil {
+				claim.release()
+				if ctx.Err() != nil {
+					return interrupted(env, ctx, err)
+				}
+				return err
+			}
+		}
 
-		total := len(tasks) * *group
 		prog := newProgress(env.stderr, total)
 		defer prog.stop()
 		fmt.Fprintf(env.stderr, "rollbox run: %d task(s) × %d = %d episode(s), concurrency %d, default backend %s, policy %s → %s\n",
@@ -114,14 +140,72 @@ Exit status: 0 when every episode ran to a recorded end, whatever its reward;
 			OnEpisode: prog.episode, OnStep: prog.step, ConfigureEpisode: prog.counting(indexes.configure),
 		})
 		prog.stop()
-		if sum != nil {
-			fmt.Fprintf(env.stderr, "rollbox run: %d episode(s) in %.1fs: reward mean %.3f over %d scored, pass rate %.2f; ends %s; tool errors %s\n",
-				sum.Episodes, sum.WallTimeS, sum.RewardMean, sum.Scored, sum.PassRate, fmtCounts(sum.Ends), fmtCounts(sum.ToolErrors))
-			fmt.Fprintf(env.stderr, "rollbox run: wrote %s/episodes/ and %s/summary.json\n", *out, *out)
+		if sum == nil {
+			return err
 		}
-		return err
+		fmt.Fprintf(env.stderr, "rollbox run: %d episode(s) in %.1fs: reward mean %s over %d scored, pass rate %s; ends %s; tool errors %s\n",
+			sum.Episodes, sum.WallTimeS, fmtMean(sum.RewardMean, 3), sum.Scored, fmtMean(sum.PassRate, 2), fmtCounts(sum.Ends), fmtCounts(sum.ToolErrors))
+		fmt.Fprintf(env.stderr, "rollbox run: wrote %s and %s\n", filepath.Join(*out, "episodes")+string(filepath.Separator), filepath.Join(*out, "summary.json"))
+		switch {
+		case sum.Interrupted:
+			fmt.Fprintf(env.stderr, "rollbox run: %s: %d of %d planned episode(s) started, %d recorded (summary.json says interrupted: true)\n",
+				sum.Message, sum.Started, sum.Planned, sum.Episodes)
+			return interrupted(env, ctx, err)
+		case err != nil:
+			return err
+		case sum.Scored == 0:
+			return fmt.Errorf("no episode could be scored (ends %s): reward_mean is null; see the episodes' termination messages", fmtCounts(sum.Ends))
+		}
+		return nil
 	}
 	return cmd
+}
+
+// backendsOf lists the backends the tasks run on, def for those that name
+// none.
+func backendsOf(tasks []*agent.Task, def string) []string {
+	var names []string
+	for _, t := range tasks {
+		n := t.Sandbox.Backend
+		if n == "" {
+			n = def
+		}
+		if !slices.Contains(names, n) {
+			names = append(names, n)
+		}
+	}
+	return names
+}
+
+// interrupted is what a command stopped by a signal returns: the status
+// shells expect (130 for SIGINT, 143 for SIGTERM), or err when no signal
+// stopped it (a cancelled context in a test).
+func interrupted(env *cliEnv, ctx context.Context, err error) error {
+	if env.signal != nil {
+		if s := env.signal(); s != nil {
+			return &exitError{128 + signalNumber(s)}
+		}
+	}
+	if err == nil {
+		err = context.Cause(ctx)
+	}
+	return err
+}
+
+// fmtMean prints a mean that may be null.
+func fmtMean(v *float64, digits int) string {
+	if v == nil {
+		return "null"
+	}
+	return strconv.FormatFloat(*v, 'f', digits, 64)
+}
+
+// absPath is p made absolute (p when that fails).
+func absPath(p string) string {
+	if abs, err := filepath.Abs(p); err == nil {
+		return abs
+	}
+	return p
 }
 
 // optionalFloat is a float flag that may be left unset (nil).

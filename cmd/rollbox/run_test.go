@@ -41,7 +41,7 @@ func TestRunTheExamplesOnTheEmbeddedDefault(t *testing.T) {
 	}
 	want := map[string]float64{"fix-add": 1, "fix-count-words": 1, "sum-of-squares": 1, "rig-the-tests": 0, "fix-fizzbuzz": 0, "find-the-port": 0}
 	for task, r := range want {
-		if got := s.Tasks[task]; got == nil || got.RewardMean != r {
+		if got := s.Tasks[task]; got == nil || got.RewardMean == nil || *got.RewardMean != r {
 			t.Errorf("task %s: %+v, want reward %v", task, got, r)
 		}
 	}
@@ -136,10 +136,10 @@ func TestRunTheDockerExamplesWithPytest(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	s := readSummary(t, out)
-	if s.Tasks["fix-add-pytest"].RewardMean != 1 {
+	if m := s.Tasks["fix-add-pytest"].RewardMean; m == nil || *m != 1 {
 		t.Errorf("the real fix did not pass pytest: %+v", s.Tasks["fix-add-pytest"])
 	}
-	if s.Tasks["conftest-cheat"].RewardMean != 0 {
+	if m := s.Tasks["conftest-cheat"].RewardMean; m == nil || *m != 0 {
 		t.Errorf("a planted conftest.py passed the verifier: %+v", s.Tasks["conftest-cheat"])
 	}
 	files, _ := filepath.Glob(filepath.Join(out, "episodes", "*conftest-cheat*.json"))
@@ -173,7 +173,7 @@ func TestRunAgainstAnOpenAICompatibleServer(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	s := readSummary(t, out)
-	if s.Episodes != 3 || s.RewardMean != 1 || s.Ends["finished"] != 3 {
+	if s.Episodes != 3 || s.RewardMean == nil || *s.RewardMean != 1 || s.Ends["finished"] != 3 {
 		t.Fatalf("summary %+v", s)
 	}
 	files, _ := filepath.Glob(filepath.Join(out, "episodes", "*.json"))
@@ -192,7 +192,7 @@ func TestRunAgainstAnOpenAICompatibleServer(t *testing.T) {
 	}
 }
 
-func TestAnUnreachablePolicyEndsEpisodesPolicyErrorAndTheRunStillSucceeds(t *testing.T) {
+func TestARunWhosePolicyIsUnreachableEndsPolicyErrorUnscoredAndExits1(t *testing.T) {
 	srv, err := fakepolicy.Start(fakepolicy.Config{Fault: fakepolicy.FailFirst(1000, fakepolicy.Fault{Status: 503, Message: "overloaded"})})
 	if err != nil {
 		t.Fatal(err)
@@ -202,12 +202,18 @@ func TestAnUnreachablePolicyEndsEpisodesPolicyErrorAndTheRunStillSucceeds(t *tes
 	tasks := writeFile(t, dir, "tasks.jsonl", `{"id": "t", "prompt": "p", "tools": ["finish"], "reward": {"type": "exact", "answer": "x"}}`)
 	out := filepath.Join(dir, "out")
 	code, _, stderr := rollbox(t, "run", "--tasks", tasks, "--policy", "openai:"+srv.URL()+"#model=m", "--policy-retries", "2", "--out", out)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr)
+	// Every episode was recorded, but none could be scored: the run says
+	// so with its status, and its summary has no mean to mistake for 0.
+	if code != exitFailure || !strings.Contains(stderr, "no episode could be scored (ends policy_error=1)") {
+		t.Fatalf("exit %d, want 1: %s", code, stderr)
 	}
 	s := readSummary(t, out)
-	if s.Ends["policy_error"] != 1 || s.Scored != 0 {
+	if s.Ends["policy_error"] != 1 || s.Scored != 0 || s.RewardMean != nil || s.PassRate != nil || s.Tasks["t"].RewardMean != nil {
 		t.Fatalf("summary %+v", s)
+	}
+	b, _ := os.ReadFile(filepath.Join(out, "summary.json"))
+	if !strings.Contains(string(b), `"reward_mean": null`) {
+		t.Errorf("summary.json does not say reward_mean: null:\n%s", b)
 	}
 	if srv.Calls() != 3 {
 		t.Errorf("%d calls, want 1 + 2 retries", srv.Calls())

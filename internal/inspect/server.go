@@ -23,22 +23,32 @@ import (
 //go:embed web
 var webFS embed.FS
 
-// Server serves the episodes of one run as a web page (embedded: it works
-// offline) and a JSON API:
+// Server serves the episodes of one run or several as a web page
+// (embedded: it works offline) and a JSON API:
 //
-//	GET /api/episodes        the run's summary.json (if any) and one summary per episode;
-//	                         ?task=, end=, error= (a tool error kind, or "none"),
-//	                         min_reward=, max_reward= filter them
+//	GET /api/episodes        the runs (each with its summary.json, if any) and one
+//	                         summary per episode; ?rollout=, task=, end=, error= (a
+//	                         tool error kind, or "none"), min_reward=, max_reward=
+//	                         filter them
 //	GET /api/episodes/{id}   one trajectory document, as written
 //
-// Trajectories are read again when their files change, so a run still in
-// progress can be watched.
+// Runs are kept apart by rollout id: a directory that holds several (a
+// rollbox serve --data directory, a parent of rollbox run --out directories,
+// a directory two runs wrote into) is listed run by run, and a summary.json
+// counts only for the run it names. Trajectories are read again when their
+// files change, so a run still in progress can be watched.
 type Server struct {
-	dir    string // the episodes
-	runDir string // summary.json, when there is one
+	dir     string   // as given
+	sources []source // where the episodes are
 
 	mu    sync.Mutex
 	cache map[string]cached // file → its summary at a size and mtime
+}
+
+// source is a directory of trajectories, and the run directory holding
+// its summary.json when there is one.
+type source struct {
+	episodes, runDir string
 }
 
 type cached struct {
@@ -51,6 +61,7 @@ type cached struct {
 // Episode is one row of the episode list.
 type Episode struct {
 	ID         string    `json:"id"`
+	RolloutID  string    `json:"rollout_id"`
 	TaskID     string    `json:"task_id"`
 	GroupID    string    `json:"group_id"`
 	GroupIndex int       `json:"group_index"`
@@ -75,12 +86,28 @@ type Episode struct {
 
 // List is the answer of GET /api/episodes.
 type List struct {
-	Dir      string          `json:"dir"`
-	Run      json.RawMessage `json:"run"`
-	Total    int             `json:"total"`
-	Episodes []*Episode      `json:"episodes"`
+	Dir string `json:"dir"`
+	// Run is the summary.json of the run, when the list holds one run that
+	// has one (null for several runs: see Runs).
+	Run json.RawMessage `json:"run"`
+	// Runs are the runs the episodes belong to, by rollout id.
+	Runs     []*Run     `json:"runs"`
+	Total    int        `json:"total"`
+	Episodes []*Episode `json:"episodes"`
 	// Skipped are files that are not readable trajectories.
 	Skipped []Skipped `json:"skipped"`
+}
+
+// Run is one run (a rollout) of the list: its episodes counted from the
+// trajectories, and its summary.json when one names it.
+type Run struct {
+	RolloutID  string          `json:"rollout_id"`
+	Dir        string          `json:"dir"`
+	Episodes   int             `json:"episodes"`
+	Scored     int             `json:"scored"`
+	RewardMean *float64        `json:"reward_mean"`
+	StartedAt  time.Time       `json:"started_at"`
+	Summary    json.RawMessage `json:"summary"`
 }
 
 // Skipped is a file the list leaves out, and why.
@@ -90,22 +117,41 @@ type Skipped struct {
 }
 
 // NewServer serves dir: a run's output directory (with episodes/ and
-// summary.json) or a directory of trajectories.
+// summary.json), a rollbox serve --data directory, a directory of such
+// run directories (out/), or a directory of trajectories.
 func NewServer(dir string) (*Server, error) {
 	st, err := os.Stat(dir)
 	if err != nil {
 		return nil, err
 	}
 	if !st.IsDir() {
-		return nil, fmt.Errorf("%s is not a directory (want a run's out dir or its episodes/)", dir)
+		return nil, fmt.Errorf("%s is not a directory (want a run's out dir, its episodes/, a serve --data dir or a directory of runs)", dir)
 	}
 	s := &Server{dir: dir, cache: map[string]cached{}}
-	if st, err := os.Stat(filepath.Join(dir, "episodes")); err == nil && st.IsDir() {
-		s.dir, s.runDir = filepath.Join(dir, "episodes"), dir
-	} else if _, err := os.Stat(filepath.Join(filepath.Dir(dir), "summary.json")); err == nil && filepath.Base(dir) == "episodes" {
-		s.runDir = filepath.Dir(dir)
+	isDir := func(p string) bool { st, err := os.Stat(p); return err == nil && st.IsDir() }
+	switch {
+	case isDir(filepath.Join(dir, "episodes")):
+		s.sources = []source{{filepath.Join(dir, "episodes"), dir}}
+	case filepath.Base(dir) == "episodes" && fileExists(filepath.Join(filepath.Dir(dir), "summary.json")):
+		s.sources = []source{{dir, filepath.Dir(dir)}}
+	default:
+		// A directory of runs (out/ of several rollbox run), or of
+		// trajectories, or both.
+		s.sources = []source{{dir, ""}}
+		subs, _ := filepath.Glob(filepath.Join(dir, "*", "episodes"))
+		sort.Strings(subs)
+		for _, e := range subs {
+			if isDir(e) {
+				s.sources = append(s.sources, source{e, filepath.Dir(e)})
+			}
+		}
 	}
 	return s, nil
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
 
 // Handler is the page and the API.
@@ -133,23 +179,27 @@ func apiError(w http.ResponseWriter, status int, code, msg string) {
 }
 
 // Load reads every trajectory of the directory (again where a file
-// changed) and returns the list by task, then group and place in it.
+// changed) and returns the list by run, then task, group and place in it.
 func (s *Server) Load() (*List, error) {
-	files, err := filepath.Glob(filepath.Join(s.dir, "*.json"))
-	if err != nil {
-		return nil, err
-	}
-	out := &List{Dir: s.dir, Episodes: []*Episode{}, Skipped: []Skipped{}}
-	if s.runDir != "" {
-		if b, err := os.ReadFile(filepath.Join(s.runDir, "summary.json")); err == nil && json.Valid(b) {
-			out.Run = b
+	var files []string
+	runDirOf := map[string]string{} // file → its run directory
+	for _, src := range s.sources {
+		fs, err := filepath.Glob(filepath.Join(src.episodes, "*.json"))
+		if err != nil {
+			return nil, err
 		}
+		for _, f := range fs {
+			runDirOf[f] = src.runDir
+		}
+		files = append(files, fs...)
 	}
+	out := &List{Dir: s.dir, Runs: []*Run{}, Episodes: []*Episode{}, Skipped: []Skipped{}}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	seen := map[string]bool{}
+	runs := map[string]*Run{}
 	for _, f := range files {
-		if filepath.Base(f) == "summary.json" {
+		if filepath.Base(f) == "summary.json" || filepath.Base(f) == "run.json" {
 			continue
 		}
 		seen[f] = true
@@ -164,18 +214,74 @@ func (s *Server) Load() (*List, error) {
 			s.cache[f] = c
 		}
 		if c.err != nil {
-			out.Skipped = append(out.Skipped, Skipped{File: filepath.Base(f), Error: c.err.Error()})
+			out.Skipped = append(out.Skipped, Skipped{File: f, Error: c.err.Error()})
 			continue
 		}
-		out.Episodes = append(out.Episodes, c.summary)
+		e := c.summary
+		out.Episodes = append(out.Episodes, e)
+		r := runs[e.RolloutID]
+		if r == nil {
+			r = &Run{RolloutID: e.RolloutID, Dir: runDirOf[f], StartedAt: e.StartedAt}
+			runs[e.RolloutID] = r
+		}
+		r.Episodes++
+		if e.StartedAt.Before(r.StartedAt) {
+			r.StartedAt = e.StartedAt
+		}
+		if e.Reward != nil {
+			if r.RewardMean == nil {
+				r.RewardMean = new(float64)
+			}
+			*r.RewardMean += *e.Reward
+			r.Scored++
+		}
 	}
 	for f := range s.cache {
 		if !seen[f] {
 			delete(s.cache, f)
 		}
 	}
+	// A summary.json counts for the run it names, never for another run's
+	// episodes that share its directory.
+	for _, src := range s.sources {
+		if src.runDir == "" {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(src.runDir, "summary.json"))
+		var head struct {
+			RolloutID string `json:"rollout_id"`
+		}
+		if err != nil || json.Unmarshal(b, &head) != nil {
+			continue
+		}
+		if r := runs[head.RolloutID]; r != nil {
+			r.Summary, r.Dir = b, src.runDir
+		}
+	}
+	for _, r := range runs {
+		if r.Scored > 0 {
+			*r.RewardMean /= float64(r.Scored)
+		}
+		out.Runs = append(out.Runs, r)
+	}
+	sort.Slice(out.Runs, func(i, j int) bool {
+		if !out.Runs[i].StartedAt.Equal(out.Runs[j].StartedAt) {
+			return out.Runs[i].StartedAt.Before(out.Runs[j].StartedAt)
+		}
+		return out.Runs[i].RolloutID < out.Runs[j].RolloutID
+	})
+	if len(out.Runs) == 1 {
+		out.Run = out.Runs[0].Summary
+	}
+	order := map[string]int{}
+	for i, r := range out.Runs {
+		order[r.RolloutID] = i
+	}
 	sort.SliceStable(out.Episodes, func(i, j int) bool {
 		a, b := out.Episodes[i], out.Episodes[j]
+		if a.RolloutID != b.RolloutID {
+			return order[a.RolloutID] < order[b.RolloutID]
+		}
 		if a.TaskID != b.TaskID {
 			return a.TaskID < b.TaskID
 		}
@@ -203,7 +309,7 @@ func summarize(file string) (*Episode, error) {
 	if t.EpisodeID == "" {
 		return nil, errors.New("no episode_id")
 	}
-	e := &Episode{ID: t.EpisodeID, TaskID: t.TaskID, GroupID: t.GroupID, GroupIndex: t.GroupIndex, Backend: t.Sandbox.Backend,
+	e := &Episode{ID: t.EpisodeID, RolloutID: t.RolloutID, TaskID: t.TaskID, GroupID: t.GroupID, GroupIndex: t.GroupIndex, Backend: t.Sandbox.Backend,
 		Policy: t.Policy.Kind, StartedAt: t.StartedAt, DurationMS: t.Stats.DurationMS, Turns: t.Stats.Turns,
 		ToolCalls: t.Stats.ToolCalls, ToolErrors: t.Stats.ToolErrors, Steps: len(t.Steps), End: "running"}
 	if e.ToolErrors == nil {
@@ -247,7 +353,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 			*p.dst = &f
 		}
 	}
-	task, end, kind := q.Get("task"), q.Get("end"), q.Get("error")
+	rollout, task, end, kind := q.Get("rollout"), q.Get("task"), q.Get("end"), q.Get("error")
 	if end != "" && end != "running" && !slices.Contains(trajectory.EndReasons(), end) {
 		apiError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("end %q is not one of %s", end, strings.Join(trajectory.EndReasons(), ", ")))
 		return
@@ -263,7 +369,8 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	kept := l.Episodes[:0:0]
 	for _, e := range l.Episodes {
 		switch {
-		case task != "" && e.TaskID != task,
+		case rollout != "" && e.RolloutID != rollout,
+			task != "" && e.TaskID != task,
 			end != "" && e.End != end,
 			kind == "none" && len(e.ToolErrors) > 0,
 			kind != "" && kind != "none" && e.ToolErrors[kind] == 0,

@@ -12,6 +12,8 @@ const END_COLORS = {
   sandbox_error: ["var(--bad)", "var(--bad-soft)"],
   cancelled: ["var(--grey)", "var(--grey-soft)"],
   interrupted: ["var(--grey)", "var(--grey-soft)"],
+  sandbox_abuse: ["var(--bad)", "var(--bad-soft)"],
+  record_error: ["var(--violet)", "var(--violet-soft)"],
   running: ["var(--accent)", "var(--accent-soft)"],
 };
 const ERROR_COLORS = {
@@ -23,13 +25,15 @@ const ERROR_COLORS = {
   output_truncated: ["var(--yellow)", "var(--yellow-soft)"],
   sandbox_error: ["var(--bad)", "var(--bad-soft)"],
   policy_error: ["var(--violet)", "var(--violet-soft)"],
+  sandbox_abuse: ["var(--bad)", "var(--bad-soft)"],
+  cancelled: ["var(--grey)", "var(--grey-soft)"],
 };
 const EVENT_COLORS = {
   tool_output_truncated: "var(--yellow)", context_truncated: "var(--yellow)", pruned: "var(--yellow)",
   context_overflow: "var(--bad)", prune_refused: "var(--bad)", read_refused: "var(--bad)",
 };
 
-const state = { list: null, filters: { task: "", min: "", max: "", error: "", ends: new Set(), text: "" }, selected: null };
+const state = { list: null, filters: { rollout: "", task: "", min: "", max: "", error: "", ends: new Set(), text: "" }, selected: null };
 
 // el builds an element: el("div", {class: "x", onclick: f}, child, "text", ...).
 function el(tag, attrs, ...children) {
@@ -89,25 +93,45 @@ async function loadList() {
   renderList();
 }
 
+// renderRun shows the run above the list: the one run, or the run picked
+// among several (runs are never counted together), or how many there are.
 function renderRun() {
   const run = document.getElementById("run");
   const l = state.list;
-  const r = l.run || {};
-  const scored = l.episodes.filter(e => e.reward !== null);
-  const mean = r.reward_mean !== undefined ? r.reward_mean : scored.length ? scored.reduce((a, e) => a + e.reward, 0) / scored.length : null;
-  run.replaceChildren(...[
-    r.rollout_id ? el("span", {}, "run ", el("b", { class: "mono" }, r.rollout_id)) : el("span", { class: "mono" }, l.dir),
-    el("span", {}, el("b", {}, l.total), " episodes"),
-    el("span", {}, "reward mean ", el("b", {}, fmtReward(mean))),
-    r.pass_rate !== undefined ? el("span", {}, "pass rate ", el("b", {}, fmtReward(r.pass_rate))) : null,
-    r.wall_time_s !== undefined ? el("span", {}, "wall time ", el("b", {}, r.wall_time_s.toFixed(1) + " s")) : null,
-  ].filter(Boolean));
+  const runs = l.runs || [];
+  const picked = runs.find(r => r.rollout_id === state.filters.rollout) || (runs.length === 1 ? runs[0] : null);
+  if (!picked) {
+    run.replaceChildren(
+      el("span", { class: "mono" }, l.dir),
+      el("span", {}, el("b", {}, runs.length), " runs"),
+      el("span", {}, el("b", {}, l.total), " episodes"),
+      el("span", { class: "muted" }, "pick a run to see its reward"));
+  } else {
+    const r = picked.summary || {};
+    const mean = r.reward_mean !== undefined ? r.reward_mean : picked.reward_mean;
+    run.replaceChildren(...[
+      el("span", {}, "run ", el("b", { class: "mono", "data-rollout": picked.rollout_id }, picked.rollout_id)),
+      el("span", {}, el("b", {}, picked.episodes), " episodes"),
+      el("span", {}, "reward mean ", el("b", {}, fmtReward(mean))),
+      r.pass_rate !== undefined ? el("span", {}, "pass rate ", el("b", {}, fmtReward(r.pass_rate))) : null,
+      r.wall_time_s !== undefined ? el("span", {}, "wall time ", el("b", {}, r.wall_time_s.toFixed(1) + " s")) : null,
+      r.interrupted ? badge("interrupted", END_COLORS.interrupted) : null,
+    ].filter(Boolean));
+  }
   const sk = document.getElementById("skipped");
   sk.replaceChildren(...l.skipped.map(s => el("div", {}, "skipped " + s.file + ": " + s.error)));
 }
 
 function renderFilterOptions() {
-  const es = state.list.episodes;
+  const runs = state.list.runs || [];
+  const runRow = document.getElementById("f-run-row");
+  runRow.hidden = runs.length < 2;
+  const runSel = document.getElementById("f-run");
+  const keepRun = state.filters.rollout;
+  runSel.replaceChildren(el("option", { value: "" }, "all runs (" + runs.length + ")"),
+    ...runs.map(r => el("option", { value: r.rollout_id, selected: r.rollout_id === keepRun },
+      r.rollout_id + " (" + r.episodes + ", mean " + fmtReward(r.reward_mean) + ")")));
+  const es = state.list.episodes.filter(e => !state.filters.rollout || e.rollout_id === state.filters.rollout);
   const tasks = {}, ends = {}, errs = {};
   for (const e of es) {
     tasks[e.task_id] = (tasks[e.task_id] || 0) + 1;
@@ -139,6 +163,7 @@ function renderFilterOptions() {
 
 function matches(e) {
   const f = state.filters;
+  if (f.rollout && e.rollout_id !== f.rollout) return false;
   if (f.task && e.task_id !== f.task) return false;
   if (f.ends.size && !f.ends.has(e.end)) return false;
   if (f.error === "none" && Object.keys(e.tool_errors || {}).length) return false;
@@ -166,6 +191,7 @@ function renderList() {
       el("div", { class: "ep-task" }, e.task_id, el("span", { class: "muted" }, " #" + e.group_index)),
       el("div", { class: "ep-reward", title: "reward" }, bar(e.reward), el("span", { class: "reward-value" }, fmtReward(e.reward))),
       el("div", { class: "ep-id" }, e.id),
+      (state.list.runs || []).length > 1 && !state.filters.rollout ? el("div", { class: "ep-run muted mono" }, "run " + e.rollout_id) : null,
       el("div", { class: "ep-meta" },
         endBadge(e.end),
         ...errs.map(([k, n]) => errorBadge(k, n)),
@@ -178,18 +204,22 @@ function renderList() {
 function bindFilters() {
   const f = state.filters;
   const on = (id, key) => document.getElementById(id).addEventListener("input", ev => { f[key] = ev.target.value; renderList(); saveHash(); });
+  document.getElementById("f-run").addEventListener("input", ev => {
+    f.rollout = ev.target.value; renderRun(); renderFilterOptions(); renderList(); saveHash();
+  });
   on("f-task", "task"); on("f-min", "min"); on("f-max", "max"); on("f-error", "error"); on("f-text", "text");
   document.getElementById("f-clear").addEventListener("click", () => {
-    Object.assign(f, { task: "", min: "", max: "", error: "", text: "" }); f.ends.clear();
+    Object.assign(f, { rollout: "", task: "", min: "", max: "", error: "", text: "" }); f.ends.clear();
     for (const id of ["f-min", "f-max", "f-text"]) document.getElementById(id).value = "";
-    renderFilterOptions(); renderList(); saveHash();
+    renderRun(); renderFilterOptions(); renderList(); saveHash();
   });
 }
 
-// ---- the URL: #/e/ID?task=...&end=a,b&error=...&min=&max= ----
+// ---- the URL: #/e/ID?rollout=...&task=...&end=a,b&error=...&min=&max= ----
 
 function saveHash() {
   const f = state.filters, q = new URLSearchParams();
+  if (f.rollout) q.set("rollout", f.rollout);
   if (f.task) q.set("task", f.task);
   if (f.ends.size) q.set("end", [...f.ends].join(","));
   if (f.error) q.set("error", f.error);
@@ -204,7 +234,7 @@ function readHash() {
   const [path, query] = h.split("?");
   const q = new URLSearchParams(query || "");
   const f = state.filters;
-  f.task = q.get("task") || ""; f.error = q.get("error") || ""; f.min = q.get("min") || ""; f.max = q.get("max") || "";
+  f.rollout = q.get("rollout") || ""; f.task = q.get("task") || ""; f.error = q.get("error") || ""; f.min = q.get("min") || ""; f.max = q.get("max") || "";
   f.ends = new Set((q.get("end") || "").split(",").filter(Boolean));
   document.getElementById("f-min").value = f.min; document.getElementById("f-max").value = f.max;
   return path.startsWith("e/") ? decodeURIComponent(path.slice(2)) : null;
