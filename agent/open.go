@@ -49,6 +49,8 @@ type Config struct {
 	ToolEnv func(env *tools.Env) error
 	// Observe, if set, sees every step as it is recorded (metrics).
 	Observe func(trajectory.Step)
+	// ReplayOf, set by replay, names the episode this one replays.
+	ReplayOf *trajectory.ReplayOf
 	// Pinned, if set, is pinned instead of fresh values (seed, episode id,
 	// hostname, env; see PinnedEnv): replay passes a trajectory's own.
 	Pinned map[string]string
@@ -201,7 +203,7 @@ func open(ctx context.Context, cfg Config) (_ *Session, err error) {
 	s.stats.ToolErrors = map[string]int{}
 	rec := &trajectory.Trajectory{
 		EpisodeID: cfg.EpisodeID, RolloutID: cfg.RolloutID, GroupID: cfg.GroupID, GroupIndex: cfg.GroupIndex,
-		TaskID: t.ID, TaskHash: t.Hash(), Seed: cfg.Seed, Task: taskJSON, StartedAt: s.start.UTC(),
+		TaskID: t.ID, TaskHash: t.Hash(), Seed: cfg.Seed, Task: taskJSON, TaskDir: t.Dir(), ReplayOf: cfg.ReplayOf, StartedAt: s.start.UTC(),
 		Sandbox: trajectory.Sandbox{Backend: cfg.backend()},
 		Policy:  pi,
 		Pinned:  pinned,

@@ -276,6 +276,19 @@ func (t *Task) Validate(knownTools func(string) bool) error {
 	return nil
 }
 
+// Dir is the absolute directory of the task file the task was read from
+// ("" for a task without a file): relative workspace and index paths
+// resolve there.
+func (t *Task) Dir() string {
+	if t.dir == "" {
+		return ""
+	}
+	if abs, err := filepath.Abs(t.dir); err == nil {
+		return abs
+	}
+	return t.dir
+}
+
 // IndexPath is the retriever's index directory resolved against the task
 // file's directory ("" without a retriever).
 func (t *Task) IndexPath() string {

@@ -22,17 +22,32 @@ type FieldDiff struct {
 	Hint string `json:"hint,omitempty"`
 }
 
-// timingRe matches durations as test runners and tools print them.
-var timingRe = regexp.MustCompile(`\b\d+(\.\d+)?\s?(ms|s|sec|secs|seconds)\b`)
+// durationRes match wall-clock durations and clock times as test runners
+// and tools print them: pytest's "in 0.02s" and "(0:01:02)", go test's
+// "ok pkg 0.123s" and "--- PASS: TestX (0.00s)", time(1)'s "real 0m0.01s",
+// Go's "1m2.5s", "Ran 3 tests in 0.001s", "Time: 1.234 s", "(12ms)", and
+// times of day ("12:34:56"). Nothing can pin wall time, so replay masks
+// them before comparing unless Options.Strict.
+var durationRes = []*regexp.Regexp{
+	regexp.MustCompile(`\b\d+:\d{2}:\d{2}(\.\d+)?\b`),                                      // 0:01:02, 12:34:56.789
+	regexp.MustCompile(`\b\d+m\d+(\.\d+)?s\b`),                                             // 0m0.01s (time), 1m2.5s (Go)
+	regexp.MustCompile(`\b(\d+h)?(\d+m)?\d+(\.\d+)?\s?(ns|µs|us|ms|s|sec|secs|seconds)\b`), // 0.02s, 12ms, 1.234 s, 3 seconds
+}
 
-// TimingPattern is what to pass to --ignore when only timings differ.
-const TimingPattern = `[0-9.]+ ?(ms|s|sec|secs|seconds)\b`
+// maskDurations replaces every duration in s with "<duration>".
+func maskDurations(s string) string {
+	for _, re := range durationRes {
+		s = re.ReplaceAllString(s, "<duration>")
+	}
+	return s
+}
 
 // compareTool compares a replayed tool step with the recorded one. Text is
-// compared after masking what ignore matches. Durations and start times are
+// compared after masking what ignore matches and, unless strict, wall-clock
+// durations: durationsDiffer reports text that matched only with its
+// durations masked. Durations and start times of the steps themselves are
 // not compared; stdout and stderr only when the recording kept them.
-func compareTool(rec, got trajectory.Step, ignore []*regexp.Regexp) []FieldDiff {
-	var out []FieldDiff
+func compareTool(rec, got trajectory.Step, ignore []*regexp.Regexp, strict bool) (out []FieldDiff, durationsDiffer bool) {
 	scalar := func(field, a, b string) {
 		if a != b {
 			out = append(out, FieldDiff{Field: field, Recorded: a, Replayed: b})
@@ -40,15 +55,20 @@ func compareTool(rec, got trajectory.Step, ignore []*regexp.Regexp) []FieldDiff 
 	}
 	text := func(field, a, b string) {
 		a, b = mask(a, ignore), mask(b, ignore)
-		if a != b {
-			name := fmt.Sprintf("step %d %s", rec.Index, field)
-			fd := FieldDiff{Field: field, Recorded: abbrev(a), Replayed: abbrev(b),
-				Diff: Unified(a, b, "recorded "+name, "replayed "+name, 3)}
-			if timingRe.ReplaceAllString(a, "T") == timingRe.ReplaceAllString(b, "T") {
-				fd.Hint = "only durations differ: wall time is not pinned; --ignore '" + TimingPattern + "' masks them"
-			}
-			out = append(out, fd)
+		if a == b {
+			return
 		}
+		if !strict && maskDurations(a) == maskDurations(b) {
+			durationsDiffer = true
+			return
+		}
+		name := fmt.Sprintf("step %d %s", rec.Index, field)
+		fd := FieldDiff{Field: field, Recorded: abbrev(a), Replayed: abbrev(b),
+			Diff: Unified(a, b, "recorded "+name, "replayed "+name, 3)}
+		if strict && maskDurations(a) == maskDurations(b) {
+			fd.Hint = "only wall-clock durations differ: nothing can pin them; without --strict they are masked"
+		}
+		out = append(out, fd)
 	}
 	scalar("name", rec.Name, got.Name)
 	scalar("error_kind", kind(rec.ErrorKind), kind(got.ErrorKind))
@@ -58,7 +78,8 @@ func compareTool(rec, got trajectory.Step, ignore []*regexp.Regexp) []FieldDiff 
 	scalar("oom_killed", fmt.Sprint(rec.OOMKilled), fmt.Sprint(got.OOMKilled))
 	text("output", rec.Output, got.Output)
 	scalar("truncated", fmt.Sprint(rec.Truncated), fmt.Sprint(got.Truncated))
-	if len(ignore) == 0 {
+	if len(ignore) == 0 && !durationsDiffer {
+		// (Masked text may differ in length: a cap then drops other counts.)
 		scalar("bytes_dropped", fmt.Sprint(rec.BytesDropped), fmt.Sprint(got.BytesDropped))
 	}
 	if rec.Stdout != nil {
@@ -76,7 +97,7 @@ func compareTool(rec, got trajectory.Step, ignore []*regexp.Regexp) []FieldDiff 
 	for _, p := range paths {
 		scalar("files["+p+"] sha256", orNone(rec.Files[p]), orNone(got.Files[p]))
 	}
-	return out
+	return out, durationsDiffer
 }
 
 func mask(s string, ignore []*regexp.Regexp) string {

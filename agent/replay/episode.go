@@ -3,13 +3,17 @@ package replay
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/agent/trajectory"
@@ -31,9 +35,16 @@ type Options struct {
 	Image string
 	// Dir receives the replay's own trajectory.
 	Dir string
-	// BaseDir resolves the task's relative workspace and index paths (the
-	// directory of the task file the run read; default the current one).
+	// BaseDir resolves the task's relative workspace and index paths
+	// (default: the task file's directory the run recorded, when it exists
+	// here, else the current one; see BaseDir).
 	BaseDir string
+	// ID is the replay's own rollout id (default a fresh "replay-..." one):
+	// its trajectory is <ID>.<task id>.<group index>, never the recorded
+	// episode's id, so it never replaces the recording or joins its group.
+	ID string
+	// File is the trajectory file being replayed, recorded in replay_of.
+	File string
 	// Until stops after the step with this index; -1 replays everything.
 	Until int
 	// Policy, if set, takes over after Until (at the end of that step's
@@ -45,6 +56,11 @@ type Options struct {
 	KeepFinish bool
 	// Ignore masks text matching these (with "<ignored>") before comparing.
 	Ignore []*regexp.Regexp
+	// Strict compares outputs byte for byte: wall-clock durations (pytest's
+	// "in 0.02s", go test's "ok pkg 0.123s", time's "real 0m0.01s") are
+	// otherwise masked, and a step that differs only there is reported
+	// matched with DurationsDiffer.
+	Strict bool
 	// Configure, if set, adjusts the episode's config (search tools).
 	Configure func(*agent.Config) error
 	// OnStep, if set, sees each step as it is replayed (streamed reports).
@@ -78,7 +94,9 @@ type Report struct {
 	// ran to an end.
 	Recorded *End `json:"recorded,omitempty"`
 	Replayed *End `json:"replayed,omitempty"`
-	// Trajectory is the path of the replay's own record.
+	// ReplayID is the episode id of the replay's own record, and
+	// Trajectory its path.
+	ReplayID   string `json:"replay_id"`
 	Trajectory string `json:"trajectory"`
 }
 
@@ -105,6 +123,9 @@ type StepReport struct {
 	// Match is false for a diverging tool step; Diffs say how.
 	Match bool        `json:"match"`
 	Diffs []FieldDiff `json:"diffs,omitempty"`
+	// DurationsDiffer marks a step that matched once wall-clock durations
+	// in its output were masked ("matched (durations differ)").
+	DurationsDiffer bool `json:"durations_differ,omitempty"`
 	// ErrorKind and ExitCode are the replayed result's.
 	ErrorKind  string  `json:"error_kind,omitempty"`
 	ExitCode   *int    `json:"exit_code,omitempty"`
@@ -113,13 +134,29 @@ type StepReport struct {
 	ReplayedMS float64 `json:"replayed_ms"`
 }
 
+// BaseDir is the directory a replay of tr resolves the task's relative
+// workspace and index paths against: base when given (--base), else the
+// task file's directory the run recorded (task_dir) when it exists here,
+// else the current directory ("").
+func BaseDir(tr *trajectory.Trajectory, base string) string {
+	if base != "" {
+		return base
+	}
+	if tr.TaskDir != "" {
+		if st, err := os.Stat(tr.TaskDir); err == nil && st.IsDir() {
+			return tr.TaskDir
+		}
+	}
+	return ""
+}
+
 // TaskOf decodes the task a trajectory recorded, resolving relative paths
-// against baseDir.
-func TaskOf(tr *trajectory.Trajectory, baseDir string) (*agent.Task, error) {
+// as BaseDir(tr, base) says.
+func TaskOf(tr *trajectory.Trajectory, base string) (*agent.Task, error) {
 	if len(bytes.TrimSpace(tr.Task)) == 0 || string(tr.Task) == "null" {
 		return nil, fmt.Errorf("trajectory %s recorded no task: %w", tr.EpisodeID, ErrBadTrajectory)
 	}
-	task, err := agent.ParseTask(tr.Task, baseDir, nil)
+	task, err := agent.ParseTask(tr.Task, BaseDir(tr, base), nil)
 	if err != nil {
 		return nil, fmt.Errorf("trajectory %s: its task %q: %v: %w", tr.EpisodeID, tr.TaskID, err, ErrBadTrajectory)
 	}
@@ -178,8 +215,17 @@ func Episode(ctx context.Context, tr *trajectory.Trajectory, opts Options) (*Rep
 	if info.Kind == "" {
 		info = trajectory.Policy{Kind: "replay", Endpoint: tr.EpisodeID}
 	}
+	id := opts.ID
+	if id == "" {
+		id = NewID()
+	}
+	of := &trajectory.ReplayOf{EpisodeID: tr.EpisodeID, RolloutID: tr.RolloutID, TaskHash: tr.TaskHash, File: opts.File}
+	if opts.Until >= 0 {
+		of.Until = &opts.Until
+	}
 	cfg := agent.Config{
-		Task: task, EpisodeID: tr.EpisodeID, RolloutID: tr.RolloutID, GroupID: tr.GroupID, GroupIndex: tr.GroupIndex,
+		Task: task, EpisodeID: fmt.Sprintf("%s.%s.%d", id, tr.TaskID, tr.GroupIndex), RolloutID: id, GroupID: id + "." + tr.TaskID,
+		GroupIndex: tr.GroupIndex, ReplayOf: of,
 		Seed: tr.Seed, Dir: opts.Dir, Backend: tr.Sandbox.Backend, PolicyInfo: info, Sampling: sampling, Pinned: pinned,
 		NewSandbox: func(ctx context.Context, backend string, spec sandbox.Spec) (sandbox.Sandbox, error) {
 			if opts.Image != "" {
@@ -201,7 +247,8 @@ func Episode(ctx context.Context, tr *trajectory.Trajectory, opts Options) (*Rep
 	if err != nil && !errors.As(err, &oe) {
 		return nil, err
 	}
-	r.Trajectory = filepath.Join(opts.Dir, tr.EpisodeID+".json")
+	r.ReplayID = cfg.EpisodeID
+	r.Trajectory = filepath.Join(opts.Dir, cfg.EpisodeID+".json")
 	if oe != nil { // the sandbox could not be made
 		rp.endDiverged(s.Trajectory())
 		return r, nil
@@ -256,6 +303,13 @@ func Episode(ctx context.Context, tr *trajectory.Trajectory, opts Options) (*Rep
 		}
 	}
 	return r, nil
+}
+
+// NewID returns a fresh replay rollout id: "replay-<UTC time>-<random>".
+func NewID() string {
+	var b [6]byte
+	rand.Read(b[:])
+	return "replay-" + time.Now().UTC().Format("20060102T150405") + "-" + hex.EncodeToString(b[:])
 }
 
 // run is the state of one replay, shared with the session's hooks.
@@ -328,7 +382,7 @@ func (rp *run) observe(got trajectory.Step) {
 				sr.Match = false
 				sr.Diffs = []FieldDiff{{Field: "type", Recorded: rec.Type, Replayed: got.Type}}
 			case got.Type == trajectory.StepTool:
-				sr.Diffs = compareTool(rec, got, rp.opts.Ignore)
+				sr.Diffs, sr.DurationsDiffer = compareTool(rec, got, rp.opts.Ignore, rp.opts.Strict)
 				sr.Match = len(sr.Diffs) == 0
 			}
 		} else {

@@ -96,6 +96,8 @@ func (t Text) Step(s StepReport) {
 	}
 	verdict := t.c(ansiGreen, "same")
 	switch {
+	case s.Match && s.DurationsDiffer:
+		verdict = t.c(ansiGreen, "matched (durations differ)")
 	case s.Live:
 		verdict = t.c(ansiCyan, "live")
 	case !s.Match:
@@ -147,7 +149,21 @@ func (t Text) Summary(r *Report) {
 		return
 	}
 	msg := fmt.Sprintf("no divergence: %d tool call(s) gave the recorded results", tools)
+	if n := durationsDiffered(r); n > 0 {
+		msg += fmt.Sprintf(" (%d matched with other wall-clock durations, which are masked; --strict compares them too)", n)
+	}
 	fmt.Fprintf(t.W, "\n%s; %s\n", t.c(ansiGreen+ansiBold, msg), r.StopDetail)
+}
+
+// durationsDiffered counts the steps that matched with durations masked.
+func durationsDiffered(r *Report) int {
+	n := 0
+	for _, s := range r.Steps {
+		if s.DurationsDiffer {
+			n++
+		}
+	}
+	return n
 }
 
 func (t Text) diffLine(line string) {

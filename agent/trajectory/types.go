@@ -70,11 +70,19 @@ type Trajectory struct {
 	TaskHash string `json:"task_hash"`
 	Seed     int64  `json:"seed"`
 	// Task is the task as given, so the episode can be replayed.
-	Task      json.RawMessage `json:"task"`
-	StartedAt time.Time       `json:"started_at"`
-	EndedAt   *time.Time      `json:"ended_at,omitempty"`
-	Sandbox   Sandbox         `json:"sandbox"`
-	Policy    Policy          `json:"policy"`
+	Task json.RawMessage `json:"task"`
+	// TaskDir is the absolute directory of the task file the task came
+	// from: its relative workspace and index paths resolve there (replay
+	// resolves them the same way). Empty for a task without a file.
+	TaskDir string `json:"task_dir,omitempty"`
+	// ReplayOf is set on a replay's own trajectory: the episode it
+	// replayed. The replay has ids of its own, so it never takes the place
+	// of (or mixes with the group of) the episode it replayed.
+	ReplayOf  *ReplayOf  `json:"replay_of,omitempty"`
+	StartedAt time.Time  `json:"started_at"`
+	EndedAt   *time.Time `json:"ended_at,omitempty"`
+	Sandbox   Sandbox    `json:"sandbox"`
+	Policy    Policy     `json:"policy"`
 	// Pinned is the nondeterminism the runtime controls, as it was set.
 	Pinned        map[string]string `json:"pinned,omitempty"`
 	Steps         []Step            `json:"steps"`
@@ -118,6 +126,18 @@ type Rescore struct {
 	At       time.Time `json:"at"`
 	// Previous is the original record's reward total (null: unscored).
 	Previous *float64 `json:"previous"`
+}
+
+// ReplayOf names the episode a replay replayed.
+type ReplayOf struct {
+	EpisodeID string `json:"episode_id"`
+	RolloutID string `json:"rollout_id"`
+	TaskHash  string `json:"task_hash"`
+	// File is the trajectory file the replay read, as given.
+	File string `json:"file,omitempty"`
+	// Until is the last recorded step replayed when the replay was asked
+	// to stop early (--until).
+	Until *int `json:"until,omitempty"`
 }
 
 // Sandbox is the sandbox as it really ran.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"regexp"
 	"syscall"
 
@@ -49,7 +50,8 @@ cannot start (nothing has run then).`,
 	policySpec := fs.String("policy", "", "go on live from --until with this policy `SPEC`: openai:BASE_URL[#model=NAME] (or scripted:FILE, replay:DIR)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	out := fs.String("out", "", "keep the replay's own trajectory in `DIR` (default: discarded)")
-	base := fs.String("base", "", "resolve the task's relative workspace and index paths against `DIR` (default: the current directory)")
+	base := fs.String("base", "", "resolve the task's relative workspace and index paths against `DIR` (default: the task file's directory the trajectory recorded, when it exists here; else the current directory)")
+	strict := fs.Bool("strict", false, "compare outputs byte for byte (by default wall-clock durations such as pytest's \"in 0.02s\" are masked, and such a step is reported \"matched (durations differ)\")")
 	ignore := fs.StringArray("ignore", nil, "a regular expression (`RE`) whose matches are masked before comparing (repeatable)")
 	cmd.RunE = func(cmd *cobra.Command, pos []string) error {
 		ctx := cmd.Context()
@@ -73,6 +75,9 @@ cannot start (nothing has run then).`,
 			}
 			return usagef("%v", err)
 		}
+		if err := checkHostPaths(tr, *base); err != nil {
+			return err
+		}
 		task, err := replay.TaskOf(tr, *base)
 		if err != nil {
 			return usagef("%v", err)
@@ -89,7 +94,7 @@ cannot start (nothing has run then).`,
 		}
 		indexes, err := openSearchIndexes([]*agent.Task{task})
 		if err != nil {
-			return usagef("%v (use --base DIR for the directory of the task file the run read)", err)
+			return usagef("%v (--base DIR: the directory of the task file the run read)", err)
 		}
 		defer indexes.Close()
 		if err := sandbox.CheckBackend(tr.Sandbox.Backend); err != nil {
@@ -141,7 +146,7 @@ cannot start (nothing has run then).`,
 				return backend.Create(ctx, spec)
 			},
 			Image: image, Dir: dir, BaseDir: *base, Until: *until, Policy: policy, PolicyInfo: policyInfo,
-			Ignore: masks, Configure: indexes.configure,
+			Ignore: masks, Strict: *strict, Configure: indexes.configure, File: pos[0],
 			KeepFinish: *shell && *until < 0 && policy == nil,
 		}
 		if !*asJSON {
@@ -181,6 +186,61 @@ cannot start (nothing has run then).`,
 		return nil
 	}
 	return cmd
+}
+
+// checkHostPaths refuses, before anything runs, a task whose workspace or
+// index is not where a replay from here resolves it, naming what was
+// tried and --base.
+func checkHostPaths(tr *trajectory.Trajectory, base string) error {
+	var paths struct {
+		Workspace *struct {
+			From string `json:"from"`
+		} `json:"workspace"`
+		Retriever *struct {
+			Index string `json:"index"`
+		} `json:"retriever"`
+	}
+	if json.Unmarshal(tr.Task, &paths) != nil {
+		return nil // TaskOf says what is wrong with it
+	}
+	dir := replay.BaseDir(tr, base)
+	check := func(what, given string) error {
+		if given == "" {
+			return nil
+		}
+		resolved := given
+		if !filepath.IsAbs(given) {
+			resolved = filepath.Join(dir, given)
+		}
+		if abs, err := filepath.Abs(resolved); err == nil {
+			resolved = abs
+		}
+		if _, err := os.Stat(resolved); err == nil {
+			return nil
+		}
+		from := "the current directory"
+		switch {
+		case base != "":
+			from = "--base " + base
+		case replay.BaseDir(tr, "") != "":
+			from = "the task file's directory the run recorded, " + tr.TaskDir
+		case tr.TaskDir != "":
+			from = "the current directory (the task file's directory the run recorded, " + tr.TaskDir + ", is not here)"
+		}
+		if filepath.IsAbs(given) {
+			return usagef("the task's %s %s is not there: replay needs it as the run had it", what, given)
+		}
+		return usagef("the task's %s %q resolves against %s to %s, which is not there: pass --base DIR, the directory of the task file the run read", what, given, from, resolved)
+	}
+	if paths.Workspace != nil {
+		if err := check("workspace", paths.Workspace.From); err != nil {
+			return err
+		}
+	}
+	if paths.Retriever != nil {
+		return check("retriever.index", paths.Retriever.Index)
+	}
+	return nil
 }
 
 // openShell gives the user a shell in sb: a real terminal in a container

@@ -237,3 +237,131 @@ func TestReplayHandsTheEpisodeToALivePolicyAfterTheStep(t *testing.T) {
 		t.Errorf("the live episode's record: %v %+v", err, tr)
 	}
 }
+
+func TestReplayOutNeverWritesOverItsInputAndRecordsWhatItReplayed(t *testing.T) {
+	files := recordRun(t, "../../examples/coding/tasks.jsonl", "../../examples/coding/policy.jsonl")
+	f := files["rig-the-tests"] // recorded reward 0: a replay that took its place would show
+	episodes := filepath.Dir(f)
+	before := snapshot(t, filepath.Dir(episodes))
+	orig, _ := trajectory.Read(f)
+	// --out the very directory the trajectory is in.
+	code, stdout, stderr := rollbox(t, "replay", f, "--out", episodes)
+	if code != exitOK {
+		t.Fatalf("exit %d\n%s%s", code, stdout, stderr)
+	}
+	for p, b := range before {
+		if got, _ := os.ReadFile(p); string(got) != b {
+			t.Errorf("the replay changed %s", p)
+		}
+	}
+	after, _ := filepath.Glob(filepath.Join(episodes, "*.json"))
+	var own *trajectory.Trajectory
+	for _, p := range after {
+		if _, ok := before[p]; !ok {
+			if own != nil {
+				t.Fatalf("more than one new file: %v", after)
+			}
+			if own, _ = trajectory.Read(p); own == nil {
+				t.Fatalf("%s does not read", p)
+			}
+		}
+	}
+	if own == nil {
+		t.Fatalf("no trajectory of the replay in %s", episodes)
+	}
+	if own.EpisodeID == orig.EpisodeID || own.RolloutID == orig.RolloutID || own.GroupID == orig.GroupID ||
+		!strings.HasPrefix(own.RolloutID, "replay-") || !strings.Contains(stdout, own.EpisodeID) {
+		t.Errorf("the replay's ids %s %s %s are not its own (recorded %s)", own.EpisodeID, own.RolloutID, own.GroupID, orig.EpisodeID)
+	}
+	if of := own.ReplayOf; of == nil || of.EpisodeID != orig.EpisodeID || of.RolloutID != orig.RolloutID || of.TaskHash != orig.TaskHash || of.File != f {
+		t.Errorf("replay_of = %+v", own.ReplayOf)
+	}
+	if b, _ := os.ReadFile(filepath.Join(episodes, own.EpisodeID+".json")); trajectory.Validate(b) != nil {
+		t.Errorf("the replay's record does not validate: %v", trajectory.Validate(b))
+	}
+	// The run's group is still the run's: export counts the replay apart.
+	code, _, stderr = rollbox(t, "export", "--from", filepath.Dir(episodes), "--rollout", orig.RolloutID)
+	if code != exitOK || !strings.Contains(stderr, fmt.Sprintf("%d episode(s) of 1 run(s)", len(files))) {
+		t.Errorf("export of the run: exit %d, %s", code, stderr)
+	}
+}
+
+const durationsTask = `{"id": "timings", "prompt": "p", "sandbox": {"backend": "wasm"}, "tools": ["bash", "finish"],
+ "reward": {"type": "exact", "answer": "x"}}`
+
+const durationsScript = `{"task_id": "timings", "turns": [
+ {"tool_calls": [{"name": "bash", "arguments": {"command": "echo '3 passed in 0.02s'; echo '=== 1 failed in 62.10s (0:01:02) ==='; echo 'ok  \tgithub.com/x/calc\t0.123s'; echo '--- PASS: TestAdd (0.00s)'; echo 'real\t0m0.01s'; echo 'Ran 3 tests in 0.001s'; echo 'took 12ms at 12:34:56'"}}]},
+ {"tool_calls": [{"name": "finish", "arguments": {"answer": "x"}}]}]}`
+
+func TestReplayMasksWallClockDurationsUnlessStrict(t *testing.T) {
+	dir := t.TempDir()
+	tasks := writeFile(t, dir, "tasks.jsonl", strings.Join(strings.Fields(durationsTask), " "))
+	script := writeFile(t, dir, "script.jsonl", strings.Join(strings.Fields(durationsScript), " "))
+	file := recordRun(t, tasks, script)["timings"]
+	at := firstToolStep(t, file, "bash")
+	// The recording as another day's machine would have printed it.
+	other := strings.NewReplacer("0.02s", "1.47s", "62.10s (0:01:02)", "75.01s (0:01:15)", "0.123s", "0.2s", "(0.00s)", "(0.31s)",
+		"0m0.01s", "0m2.50s", "0.001s", "0.013s", "12ms at 12:34:56", "9ms at 08:00:01")
+	slower := editTrajectory(t, file, func(doc map[string]any) {
+		s := step(doc, at)
+		s["output"] = other.Replace(s["output"].(string))
+		s["stdout"] = other.Replace(s["stdout"].(string))
+	})
+	code, stdout, stderr := rollbox(t, "replay", slower)
+	if code != exitOK || !strings.Contains(stdout, "matched (durations differ)") || !strings.Contains(stdout, "no divergence") ||
+		!strings.Contains(stdout, "1 matched with other wall-clock durations") {
+		t.Fatalf("replay: exit %d\n%s%s", code, stdout, stderr)
+	}
+	code, stdout, _ = rollbox(t, "replay", slower, "--strict")
+	if code != exitFailure || !strings.Contains(stdout, fmt.Sprintf("first divergence at step %d", at)) || !strings.Contains(stdout, "only wall-clock durations differ") {
+		t.Fatalf("replay --strict: exit %d\n%s", code, stdout)
+	}
+	code, stdout, _ = rollbox(t, "replay", file, "--strict")
+	if code != exitOK || strings.Contains(stdout, "durations differ") {
+		t.Fatalf("replay --strict of the untouched recording: exit %d\n%s", code, stdout)
+	}
+	// A number that is not a duration still diverges.
+	counted := editTrajectory(t, file, func(doc map[string]any) {
+		s := step(doc, at)
+		s["output"] = strings.Replace(s["output"].(string), "3 passed", "4 passed", 1)
+	})
+	if code, stdout, _ = rollbox(t, "replay", counted); code != exitFailure || !strings.Contains(stdout, "-4 passed") {
+		t.Fatalf("a changed count: exit %d\n%s", code, stdout)
+	}
+}
+
+func TestAReplayResolvesARelativeWorkspaceAsTheRunDid(t *testing.T) {
+	root := t.TempDir()
+	proj := filepath.Join(root, "proj")
+	os.MkdirAll(filepath.Join(proj, "ws"), 0o755)
+	os.WriteFile(filepath.Join(proj, "ws", "data.txt"), []byte("from the workspace\n"), 0o644)
+	writeFile(t, proj, "tasks.jsonl", `{"id": "ws", "prompt": "p", "workspace": {"from": "ws", "to": "/work"}, "tools": ["bash", "finish"], "reward": {"type": "exact", "answer": "x"}}`)
+	writeFile(t, proj, "script.jsonl", `{"task_id": "ws", "turns": [{"tool_calls": [{"name": "bash", "arguments": {"command": "cat /work/data.txt"}}]}, {"tool_calls": [{"name": "finish", "arguments": {"answer": "x"}}]}]}`)
+	// The run reads the task file from its own directory ...
+	t.Chdir(proj)
+	file := recordRun(t, "tasks.jsonl", "script.jsonl")["ws"]
+	tr, _ := trajectory.Read(file)
+	if tr.TaskDir != proj {
+		t.Fatalf("task_dir = %q, want %q", tr.TaskDir, proj)
+	}
+	// ... the developer replays from elsewhere, without flags.
+	elsewhere := filepath.Join(root, "elsewhere")
+	os.Mkdir(elsewhere, 0o755)
+	t.Chdir(elsewhere)
+	if code, stdout, stderr := rollbox(t, "replay", file); code != exitOK || !strings.Contains(stdout, "no divergence") {
+		t.Fatalf("replay from another directory: exit %d\n%s%s", code, stdout, stderr)
+	}
+	// The project moved: the error says what was tried and names --base.
+	moved := filepath.Join(root, "moved")
+	if err := os.Rename(proj, moved); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := rollbox(t, "replay", file)
+	if code != exitBadInput || stdout != "" || !strings.Contains(stderr, `the task's workspace "ws" resolves against the current directory (the task file's directory the run recorded, `+proj+`, is not here)`) ||
+		!strings.Contains(stderr, "pass --base DIR") {
+		t.Fatalf("exit %d, stderr %q", code, stderr)
+	}
+	if code, stdout, stderr := rollbox(t, "replay", file, "--base", moved); code != exitOK {
+		t.Fatalf("replay --base: exit %d\n%s%s", code, stdout, stderr)
+	}
+}
