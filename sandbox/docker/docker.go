@@ -15,6 +15,7 @@ import (
 	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/client"
 
+	"github.com/rollbox/rollbox/internal/guesthost"
 	"github.com/rollbox/rollbox/sandbox"
 )
 
@@ -39,7 +40,7 @@ const DefaultOwner = "rollbox"
 
 // guestThreads is what the pids limit allows beyond Limits.PIDs for the
 // guest agent's own threads, so the commands get the whole of their budget.
-const guestThreads = 32
+const guestThreads = guesthost.GuestThreads
 
 // Options configure a Backend.
 type Options struct {
@@ -308,7 +309,7 @@ func userIDs(user string) (int, int) {
 	return uid, gid
 }
 
-const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+const defaultPath = guesthost.DefaultPath
 
 func randomHex(n int) string {
 	b := make([]byte, n)

@@ -63,7 +63,7 @@ type ShellOptions struct {
 // exited, at its next read; a terminal's reader is left blocked in that read
 // until the user types (the caller is about to exit).
 func (c *Container) Shell(ctx context.Context, opts ShellOptions) (int, error) {
-	if c.isClosed() {
+	if c.IsClosed() {
 		return 0, fmt.Errorf("sandbox %s: %w", c.info.ID, sandbox.ErrClosed)
 	}
 	argv := opts.Argv
@@ -72,7 +72,7 @@ func (c *Container) Shell(ctx context.Context, opts ShellOptions) (int, error) {
 	}
 	eo := container.ExecOptions{
 		User: c.b.opts.User, Tty: opts.TTY, AttachStdin: true, AttachStdout: true, AttachStderr: true,
-		Env: c.env(nil), WorkingDir: c.spec.Workdir, Cmd: argv,
+		Env: c.Env(nil), WorkingDir: c.spec.Workdir, Cmd: argv,
 	}
 	var size *[2]uint
 	if opts.TTY && opts.Width > 0 && opts.Height > 0 {

@@ -1,4 +1,4 @@
-package docker
+package guesthost
 
 import (
 	"errors"
@@ -15,7 +15,7 @@ import (
 // An internal error used to come back as a bare message, which the tools
 // then reported as the model's bad_arguments.
 func TestTheGuestsErrorsAreClassifiedAtTheEdge(t *testing.T) {
-	c := &Container{info: sandbox.Info{ID: "0123456789ab"}}
+	c := New(Config{ID: "0123456789ab"})
 	tests := []struct {
 		code  string
 		kind  error
@@ -31,7 +31,7 @@ func TestTheGuestsErrorsAreClassifiedAtTheEdge(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.code, func(t *testing.T) {
-			err := c.guestError(&guestproto.Error{Code: tt.code, Message: "/work/x: what went wrong"})
+			err := c.GuestError(&guestproto.Error{Code: tt.code, Message: "/work/x: what went wrong"})
 			if !errors.Is(err, tt.kind) || sandbox.IsInfra(err) != tt.infra || sandbox.IsAbuse(err) {
 				t.Errorf("%v: want %v, infrastructure %v", err, tt.kind, tt.infra)
 			}

@@ -1,4 +1,4 @@
-package docker
+package guesthost
 
 import (
 	"strings"
@@ -21,7 +21,7 @@ func TestTheGuestLogKeepsACrashsCauseAndItsEnd(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			l := newGuestLog(1 << 10)
+			l := NewLog(1 << 10)
 			for _, w := range tt.written {
 				l.Write([]byte(w))
 			}
