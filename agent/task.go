@@ -105,6 +105,34 @@ type EpisodeLimits struct {
 	MaxStoredOutputBytes int `json:"max_stored_output_bytes,omitempty"`
 }
 
+// Validate checks episode limits against their documented ranges; errors
+// name the field under "limits.".
+func (l EpisodeLimits) Validate() error {
+	r := ranges
+	switch {
+	case l.MaxTurns < 0 || l.MaxTurns > r.MaxTurns:
+		return fmt.Errorf("limits.max_turns: %d is outside 1..%d", l.MaxTurns, r.MaxTurns)
+	case l.MaxToolOutputBytes < 0 || l.MaxToolOutputBytes > r.MaxToolOutputBytes:
+		return fmt.Errorf("limits.max_tool_output_bytes: %d is outside 64..%d", l.MaxToolOutputBytes, r.MaxToolOutputBytes)
+	case l.MaxToolOutputBytes > 0 && l.MaxToolOutputBytes < 64:
+		return fmt.Errorf("limits.max_tool_output_bytes: %d is below the minimum of 64", l.MaxToolOutputBytes)
+	case l.MaxContextTokens < 0 || l.MaxContextTokens > r.MaxContextTokens:
+		return fmt.Errorf("limits.max_context_tokens: %d is outside 0..%d", l.MaxContextTokens, r.MaxContextTokens)
+	case l.EpisodeTimeoutS < 0 || l.EpisodeTimeoutS > r.EpisodeTimeoutS:
+		return fmt.Errorf("limits.episode_timeout_s: %v is outside 0..%v (a week)", l.EpisodeTimeoutS, r.EpisodeTimeoutS)
+	case l.IdleTimeoutS < 0 || l.IdleTimeoutS > r.IdleTimeoutS:
+		return fmt.Errorf("limits.idle_timeout_s: %v is outside 0..%v (a day)", l.IdleTimeoutS, r.IdleTimeoutS)
+	case l.MaxStoredOutputBytes < 0 || l.MaxStoredOutputBytes > r.MaxStoredOutputBytes:
+		return fmt.Errorf("limits.max_stored_output_bytes: %d is outside 0..%d (1 GiB)", l.MaxStoredOutputBytes, r.MaxStoredOutputBytes)
+	}
+	switch l.ContextOverflow {
+	case "", "end", "truncate":
+	default:
+		return fmt.Errorf("limits.context_overflow %q is not one of end, truncate", l.ContextOverflow)
+	}
+	return nil
+}
+
 // Episode limit defaults.
 const (
 	DefaultMaxTurns             = 30
@@ -113,6 +141,20 @@ const (
 	DefaultEpisodeTimeout       = 30 * time.Minute
 	DefaultMaxStoredOutputBytes = 1 << 20
 )
+
+// ranges is the documented range of every number a task may set, checked by
+// Validate (the rollout service may bound them lower: rollbox serve
+// --max-limits). Beyond these a value is not one anybody means, and a
+// duration past ~292 years overflows.
+var ranges = struct {
+	MaxTurns, MaxToolOutputBytes, MaxContextTokens, MaxStoredOutputBytes int
+	EpisodeTimeoutS, IdleTimeoutS, ExecTimeoutS                          float64
+	PIDs, DiskMB                                                         int
+}{
+	MaxTurns: 10000, MaxToolOutputBytes: 64 << 20, MaxContextTokens: 10_000_000, MaxStoredOutputBytes: 1 << 30,
+	EpisodeTimeoutS: 7 * 86400, IdleTimeoutS: 86400, ExecTimeoutS: 86400,
+	PIDs: 4194304, DiskMB: 16 << 20,
+}
 
 var taskIDRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
@@ -174,8 +216,14 @@ func (t *Task) Validate(knownTools func(string) bool) error {
 			return fmt.Errorf("sandbox.backend %v", err)
 		}
 	}
-	if t.Sandbox.Limits.ExecTimeoutS < 0 {
-		return fmt.Errorf("sandbox.limits.exec_timeout_s: %v is negative", t.Sandbox.Limits.ExecTimeoutS)
+	if sl := t.Sandbox.Limits; sl.ExecTimeoutS < 0 || sl.ExecTimeoutS > ranges.ExecTimeoutS {
+		return fmt.Errorf("sandbox.limits.exec_timeout_s: %v is outside 0..%v", sl.ExecTimeoutS, ranges.ExecTimeoutS)
+	} else if sl.PIDs > ranges.PIDs {
+		return fmt.Errorf("sandbox.limits.pids: %d is above %d (the kernel's most)", sl.PIDs, ranges.PIDs)
+	} else if sl.DiskMB > ranges.DiskMB {
+		return fmt.Errorf("sandbox.limits.disk_mb: %d is above %d (16 TiB)", sl.DiskMB, ranges.DiskMB)
+	} else if sl.TmpMB > ranges.DiskMB {
+		return fmt.Errorf("sandbox.limits.tmp_mb: %d is above %d (16 TiB)", sl.TmpMB, ranges.DiskMB)
 	}
 	if err := t.SandboxSpec().Validate(); err != nil {
 		var fe *sandbox.FieldError
@@ -238,33 +286,15 @@ func (t *Task) Validate(knownTools func(string) bool) error {
 	if seen[tools.NameRunTests] && t.Reward.TestCommand() == "" {
 		return errors.New("tools: run_tests needs a reward of type tests (its command is what run_tests runs)")
 	}
-	l := t.Limits
-	switch {
-	case l.MaxTurns < 0 || l.MaxTurns > 10000:
-		return fmt.Errorf("limits.max_turns: %d is outside 1..10000", l.MaxTurns)
-	case l.MaxToolOutputBytes < 0:
-		return fmt.Errorf("limits.max_tool_output_bytes: %d is negative", l.MaxToolOutputBytes)
-	case l.MaxToolOutputBytes > 0 && l.MaxToolOutputBytes < 64:
-		return fmt.Errorf("limits.max_tool_output_bytes: %d is below the minimum of 64", l.MaxToolOutputBytes)
-	case l.MaxContextTokens < 0:
-		return fmt.Errorf("limits.max_context_tokens: %d is negative", l.MaxContextTokens)
-	case l.EpisodeTimeoutS < 0:
-		return fmt.Errorf("limits.episode_timeout_s: %v is negative", l.EpisodeTimeoutS)
-	case l.IdleTimeoutS < 0:
-		return fmt.Errorf("limits.idle_timeout_s: %v is negative", l.IdleTimeoutS)
-	case l.MaxStoredOutputBytes < 0:
-		return fmt.Errorf("limits.max_stored_output_bytes: %d is negative", l.MaxStoredOutputBytes)
+	if err := t.Limits.Validate(); err != nil {
+		return err
 	}
-	switch l.ContextOverflow {
-	case "", "end", "truncate":
-	default:
-		return fmt.Errorf("limits.context_overflow %q is not one of end, truncate", l.ContextOverflow)
-	}
+	r := ranges
 	if t.Retriever != nil && t.Retriever.Index == "" {
 		return errors.New("retriever.index: required")
 	}
-	if t.Retriever != nil && t.Retriever.ContextTokens < 0 {
-		return fmt.Errorf("retriever.context_tokens: %d is negative", t.Retriever.ContextTokens)
+	if t.Retriever != nil && (t.Retriever.ContextTokens < 0 || t.Retriever.ContextTokens > int64(r.MaxContextTokens)) {
+		return fmt.Errorf("retriever.context_tokens: %d is outside 0..%d", t.Retriever.ContextTokens, r.MaxContextTokens)
 	}
 	if t.Retriever == nil {
 		for i, name := range t.Tools {

@@ -90,9 +90,14 @@ func (s *Server) postEpisode(w http.ResponseWriter, r *http.Request) error {
 	if len(req.Task) == 0 || string(req.Task) == "null" {
 		return badField("task", "required: a task object, or {\"id\": ...} of a task the service knows")
 	}
-	task, err := s.resolveTask(req.Task, "task")
+	task, inline, err := s.resolveTask(req.Task, "task")
 	if err != nil {
 		return err
+	}
+	if inline {
+		if err := s.maxima.checkTask(task, "task"); err != nil {
+			return err
+		}
 	}
 	backend := req.Backend
 	if backend == "" {

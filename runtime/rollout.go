@@ -256,8 +256,23 @@ func (s *Server) parseRollout(ctx context.Context, body []byte) (*rollout, []*jo
 	if req.GroupSize == 0 {
 		req.GroupSize = 1
 	}
-	if req.GroupSize < 1 || req.GroupSize > s.limits.MaxGroupSize {
-		return nil, nil, badField("group_size", "%d is outside 1..%d", req.GroupSize, s.limits.MaxGroupSize)
+	if req.GroupSize < 1 || req.GroupSize > s.maxima.GroupSize {
+		return nil, nil, badField("group_size", "%d is outside 1..%d (rollbox serve --max-limits group_size=...)", req.GroupSize, s.maxima.GroupSize)
+	}
+	// What the rollout costs is known now, before any task is parsed or any
+	// episode allocated: refuse it cheaply.
+	if len(req.Tasks) > s.maxima.Tasks {
+		return nil, nil, overMax("tasks", fmt.Sprintf("%d tasks", len(req.Tasks)), s.maxima.Tasks, "tasks")
+	}
+	n := len(req.Tasks) * req.GroupSize
+	if n > s.maxima.Episodes && n <= s.limits.MaxRunning+s.limits.MaxQueued {
+		return nil, nil, overMax("group_size", fmt.Sprintf("%d tasks × group_size %d = %d episodes", len(req.Tasks), req.GroupSize, n), s.maxima.Episodes, "episodes")
+	}
+	if err := s.sched.fits(n); err != nil {
+		if ae, ok := err.(*apiError); ok && ae.Status == http.StatusTooManyRequests {
+			s.metrics.Rejected.WithLabelValues("rollout").Inc()
+		}
+		return nil, nil, err
 	}
 	backend := req.Backend
 	if backend == "" {
@@ -286,6 +301,9 @@ func (s *Server) parseRollout(ctx context.Context, body []byte) (*rollout, []*jo
 	}
 	if pr.TimeoutS < 0 {
 		return nil, nil, badField("policy.timeout_s", "%v is negative", pr.TimeoutS)
+	}
+	if pr.TimeoutS > s.maxima.PolicyTimeoutS {
+		return nil, nil, overMax("policy.timeout_s", pr.TimeoutS, s.maxima.PolicyTimeoutS, "policy_timeout_s")
 	}
 	if pr.MaxConcurrency < 0 {
 		return nil, nil, badField("policy.max_concurrency", "%d is negative", pr.MaxConcurrency)
@@ -316,6 +334,9 @@ func (s *Server) parseRollout(ctx context.Context, body []byte) (*rollout, []*jo
 	if m := sampling.MaxTokens; m != nil && *m <= 0 {
 		return nil, nil, badField("policy.sampling.max_tokens", "%d is not positive", *m)
 	}
+	if m := sampling.MaxTokens; m != nil && *m > int64(s.maxima.PolicyMaxTokens) {
+		return nil, nil, overMax("policy.sampling.max_tokens", *m, s.maxima.PolicyMaxTokens, "policy_max_tokens")
+	}
 	var ov Overrides
 	var limits agent.EpisodeLimits
 	if len(req.Overrides) > 0 {
@@ -326,15 +347,27 @@ func (s *Server) parseRollout(ctx context.Context, body []byte) (*rollout, []*jo
 			if err := decodeStrict(ov.Limits, &limits, "overrides.limits"); err != nil {
 				return nil, nil, err
 			}
+			if err := limits.Validate(); err != nil {
+				return nil, nil, taskError(err, "overrides")
+			}
+			probe := &agent.Task{Limits: limits}
+			if err := s.maxima.checkTask(probe, "overrides"); err != nil {
+				return nil, nil, err
+			}
 		}
 	}
 	tasks := make([]*agent.Task, len(req.Tasks))
 	seen := map[string]int{}
 	for i, raw := range req.Tasks {
 		field := fmt.Sprintf("tasks[%d]", i)
-		t, err := s.resolveTask(raw, field)
+		t, inline, err := s.resolveTask(raw, field)
 		if err != nil {
 			return nil, nil, err
+		}
+		if inline {
+			if err := s.maxima.checkTask(t, field); err != nil {
+				return nil, nil, err
+			}
 		}
 		if limits != (agent.EpisodeLimits{}) {
 			cp := *t
@@ -441,33 +474,33 @@ func applyLimits(l *agent.EpisodeLimits, o agent.EpisodeLimits) {
 // resolveTask reads one task: {"id": ID} of a task the service was started
 // with, or an inline task (validated like a task file's line). Inline tasks
 // may not name host paths (workspace, retriever).
-func (s *Server) resolveTask(raw json.RawMessage, field string) (*agent.Task, error) {
+func (s *Server) resolveTask(raw json.RawMessage, field string) (t *agent.Task, inline bool, err error) {
 	var probe map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &probe); err != nil {
-		return nil, badField(field, "want a task object, got %.60s", raw)
+		return nil, false, badField(field, "want a task object, got %.60s", raw)
 	}
 	if idRaw, ok := probe["id"]; ok && len(probe) == 1 {
 		var id string
 		if err := json.Unmarshal(idRaw, &id); err != nil {
-			return nil, badField(field+".id", "want a string")
+			return nil, false, badField(field+".id", "want a string")
 		}
-		t := s.catalog[id]
+		t = s.catalog[id]
 		if t == nil {
-			return nil, badField(field+".id", "no task %q is known to the service (known: %d tasks from --tasks); send the task inline", id, len(s.catalog))
+			return nil, false, badField(field+".id", "no task %q is known to the service (known: %d tasks from --tasks); send the task inline", id, len(s.catalog))
 		}
-		return t, nil
+		return t, false, nil
 	}
 	if _, ok := probe["workspace"]; ok {
-		return nil, badField(field+".workspace", "host paths are not accepted over HTTP; send files or files_base64, or start the service with --tasks")
+		return nil, false, badField(field+".workspace", "host paths are not accepted over HTTP; send files or files_base64, or start the service with --tasks")
 	}
 	if _, ok := probe["retriever"]; ok {
-		return nil, badField(field+".retriever", "search tasks name a host index; start the service with --tasks and refer to them by id")
+		return nil, false, badField(field+".retriever", "search tasks name a host index; start the service with --tasks and refer to them by id")
 	}
-	t, err := agent.ParseTask(raw, "", s.opts.KnownTool)
+	t, err = agent.ParseTask(raw, "", s.opts.KnownTool)
 	if err != nil {
-		return nil, taskError(err, field)
+		return nil, false, taskError(err, field)
 	}
-	return t, nil
+	return t, true, nil
 }
 
 // refuseNewWork is the error new work (a rollout, an environment episode)

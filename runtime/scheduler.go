@@ -168,6 +168,29 @@ func (sc *scheduler) admit(r *rollout, jobs []*job) error {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	n := len(jobs)
+	if err := sc.fitsLocked(n); err != nil {
+		return err
+	}
+	r.queue = jobs
+	sc.active = append(sc.active, r)
+	sc.queued += n
+	sc.syncCountsLocked()
+	for _, j := range jobs {
+		sc.addDemandLocked(j, 1)
+	}
+	signal(sc.wake)
+	return nil
+}
+
+// fits says, without queuing anything, whether n episodes would be admitted
+// now: the 413 or 429 admit would answer, or nil.
+func (sc *scheduler) fits(n int) error {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return sc.fitsLocked(n)
+}
+
+func (sc *scheduler) fitsLocked(n int) error {
 	capacity := sc.limits.MaxRunning + sc.limits.MaxQueued
 	if n > capacity {
 		return &apiError{Status: http.StatusRequestEntityTooLarge, Code: codeTooLarge, Field: "tasks",
@@ -181,14 +204,6 @@ func (sc *scheduler) admit(r *rollout, jobs []*job) error {
 			Message: fmt.Sprintf("the service is full: %d episodes running and %d queued (max queued %d); %d more would not fit",
 				sc.running, sc.queued, sc.limits.MaxQueued, over)}
 	}
-	r.queue = jobs
-	sc.active = append(sc.active, r)
-	sc.queued += n
-	sc.syncCountsLocked()
-	for _, j := range jobs {
-		sc.addDemandLocked(j, 1)
-	}
-	signal(sc.wake)
 	return nil
 }
 

@@ -51,6 +51,8 @@ type Options struct {
 	Limits Limits
 	// HTTP are the timeouts of HTTPServer and of every answer.
 	HTTP HTTPTimeouts
+	// Maxima bound what one request may ask for.
+	Maxima Maxima
 
 	// recoveryGate, when set (by tests), holds the recovery until closed.
 	recoveryGate chan struct{}
@@ -61,6 +63,7 @@ type Options struct {
 type Server struct {
 	opts      Options
 	limits    Limits
+	maxima    Maxima
 	log       *slog.Logger
 	st        *store
 	metrics   *Metrics
@@ -146,6 +149,7 @@ func Open(opts Options) (*Server, error) {
 	s := &Server{opts: opts, limits: opts.Limits.withDefaults(), log: opts.Logger, st: st, registry: opts.Registry,
 		catalog: map[string]*agent.Task{}, rollouts: map[string]*rollout{}, env: map[string]*envEpisode{}, started: time.Now(),
 		recovering: map[string]bool{}, recovered: make(chan struct{})}
+	s.maxima = opts.Maxima.withDefaults(s.limits)
 	for _, t := range opts.Catalog {
 		s.catalog[t.ID] = t
 	}

@@ -701,7 +701,7 @@ func TestBadInputIsA4xxNamingTheField(t *testing.T) {
 			b["policy"].(map[string]any)["sampling"] = map[string]any{"temperature": -1}
 		}), 400, "policy.sampling.temperature"},
 		{"a bad backend", "POST", "/v1/rollouts", good(func(b map[string]any) { b["backend"] = "vm" }), 400, "backend"},
-		{"a bad override", "POST", "/v1/rollouts", good(func(b map[string]any) { b["overrides"] = map[string]any{"limits": map[string]any{"max_turns": 20000}} }), 400, "tasks[0].limits.max_turns"},
+		{"a bad override", "POST", "/v1/rollouts", good(func(b map[string]any) { b["overrides"] = map[string]any{"limits": map[string]any{"max_turns": 20000}} }), 400, "overrides.limits.max_turns"},
 		{"an unknown rollout", "GET", "/v1/rollouts/r-nope", nil, 404, "id"},
 		{"episodes of an unknown rollout", "GET", "/v1/rollouts/r-nope/episodes?stream=1", nil, 404, "id"},
 		{"a bad export format", "GET", "/v1/rollouts/r-nope/export?format=csv", nil, 404, "id"},

@@ -131,6 +131,10 @@ const (
 	ScoreFraction = "fraction"
 )
 
+// MaxTimeoutS bounds a verifier's timeout_s (a day): past it the duration
+// would not be one anybody means, and past ~292 years it overflows.
+const MaxTimeoutS = 86400
+
 // Validate checks the spec; field is the path to name in errors ("reward").
 func (s *Spec) Validate(field string) error {
 	switch s.Type {
@@ -138,8 +142,8 @@ func (s *Spec) Validate(field string) error {
 		if strings.TrimSpace(s.Command) == "" {
 			return fmt.Errorf("%s.command: required for type tests", field)
 		}
-		if s.TimeoutS < 0 {
-			return fmt.Errorf("%s.timeout_s: %v is negative", field, s.TimeoutS)
+		if s.TimeoutS < 0 || s.TimeoutS > MaxTimeoutS {
+			return fmt.Errorf("%s.timeout_s: %v is outside 0..%d (a day)", field, s.TimeoutS, MaxTimeoutS)
 		}
 		for _, list := range []struct {
 			name  string

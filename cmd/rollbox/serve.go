@@ -60,6 +60,7 @@ stderr.`,
 	readTimeout := fs.Duration("read-timeout", 60*time.Second, "bound on reading a whole request, body included (a client sending less than its Content-Length is cut off)")
 	writeTimeout := fs.Duration("write-timeout", 60*time.Second, "bound on writing an answer, renewed at every write of a stream or an export")
 	idleTimeout := fs.Duration("idle-timeout", 2*time.Minute, "close a kept-alive connection idle this long")
+	maxLimits := fs.String("max-limits", "", "the most one request may ask for, `NAME=VALUE,...` (refused with 400 naming the field): "+strings.Join(runtime.MaximaNames(), ", "))
 	gcAllOwners := fs.Bool("gc-all-owners", false, "at start-up, also remove what any crashed rollbox left on this host (rollbox gc), not only this service's own containers")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this `FILE` (for go tool pprof)")
@@ -84,6 +85,10 @@ stderr.`,
 		reserve, err := parseSize(*diskReserve)
 		if err != nil {
 			return usagef("--disk-reserve: %v", err)
+		}
+		maxima, err := runtime.ParseMaxima(*maxLimits)
+		if err != nil {
+			return usagef("--max-limits %v", err)
 		}
 		for name, d := range map[string]time.Duration{"--shutdown-timeout": *shutdownTimeout, "--read-timeout": *readTimeout,
 			"--write-timeout": *writeTimeout, "--idle-timeout": *idleTimeout} {
@@ -167,7 +172,7 @@ stderr.`,
 		srv, err := runtime.Open(runtime.Options{
 			DataDir: *data, DefaultBackend: *backendName, Catalog: catalog, KnownTool: knownTool, PolicyAPIKey: cfg.openAIKey,
 			ConfigureEpisode: indexes.configure, Registry: reg, Logger: log, Limits: limits,
-			HTTP: runtime.HTTPTimeouts{Read: *readTimeout, Write: *writeTimeout, Idle: *idleTimeout},
+			HTTP: runtime.HTTPTimeouts{Read: *readTimeout, Write: *writeTimeout, Idle: *idleTimeout}, Maxima: maxima,
 			Backends: runtime.BackendFunc(func(ctx context.Context, name string) (sandbox.Backend, error) {
 				return backends.get(ctx, name)
 			}),

@@ -33,6 +33,10 @@ func TestServeExportAndBenchRefuseBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"serve", "--backend", "vm"},
 		{"serve", "--max-running", "0"},
+		{"serve", "--max-limits", "memory_mb=lots"},
+		{"serve", "--max-limits", "gpus=8"},
+		{"serve", "--disk-reserve", "plenty"},
+		{"serve", "--shutdown-timeout", "0s"},
 		{"serve", "--log-level", "loud"},
 		{"serve", "--tasks", "/no/such/file.jsonl"},
 		{"serve", "extra"},
