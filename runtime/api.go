@@ -81,6 +81,9 @@ func writeError(w http.ResponseWriter, err error) {
 	if ae.RetryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(ae.RetryAfter))
 	}
+	if ae.Status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="rollbox"`)
+	}
 	writeHTTPJSON(w, ae.Status, map[string]any{"error": ae})
 }
 

@@ -133,7 +133,7 @@ func (s *Server) postEpisode(w http.ResponseWriter, r *http.Request) error {
 	id := NewID(envPrefix)
 	ctx, cancel := context.WithCancel(s.ctx)
 	ep := &envEpisode{id: id, backend: backend, ctx: ctx, cancel: cancel,
-		rec: &episodeRecord{ID: id, Mode: "env", TaskID: task.ID, State: episodeQueued}}
+		rec: &episodeRecord{ID: id, Mode: "env", TaskID: task.ID, State: episodeQueued, Tenant: tenantOf(r)}}
 	cfg := agent.Config{Task: task, EpisodeID: id, Seed: req.Seed, Dir: s.st.episodesDir, Backend: backend,
 		NewSandbox: s.sandboxes.create, PolicyInfo: trajectory.Policy{Kind: "env"},
 		Observe: s.metrics.observer(backend), Retry: s.openRetry(id, backend, nil)}
@@ -203,11 +203,13 @@ func (s *Server) recordEnvEnd(ep *envEpisode, t *trajectory.Trajectory) {
 	s.metrics.EpisodesEnded.WithLabelValues("env", t.Termination.Reason).Inc()
 }
 
-func (s *Server) envEpisode(id string) (*envEpisode, error) {
+// envEpisode finds an open env episode of the request's tenant.
+func (s *Server) envEpisode(r *http.Request) (*envEpisode, error) {
+	id := r.PathValue("id")
 	s.mu.Lock()
 	ep := s.env[id]
 	s.mu.Unlock()
-	if ep == nil {
+	if ep == nil || !ownedBy(ep.rec.Tenant, tenantOf(r)) {
 		return nil, notFound("open episode", id)
 	}
 	ep.touch()
@@ -228,7 +230,7 @@ func (s *Server) closeEnv(ep *envEpisode) {
 }
 
 func (s *Server) postStep(w http.ResponseWriter, r *http.Request) error {
-	ep, err := s.envEpisode(r.PathValue("id"))
+	ep, err := s.envEpisode(r)
 	if err != nil {
 		return err
 	}
@@ -316,7 +318,7 @@ func argumentsText(raw json.RawMessage) (string, error) {
 }
 
 func (s *Server) postFinish(w http.ResponseWriter, r *http.Request) error {
-	ep, err := s.envEpisode(r.PathValue("id"))
+	ep, err := s.envEpisode(r)
 	if err != nil {
 		return err
 	}
@@ -346,10 +348,11 @@ func (s *Server) postFinish(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) getEpisode(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
+	tenant := tenantOf(r)
 	s.mu.Lock()
 	ep := s.env[id]
 	s.mu.Unlock()
-	if ep != nil {
+	if ep != nil && ownedBy(ep.rec.Tenant, tenant) {
 		ep.mu.Lock()
 		b, err := json.Marshal(ep.sess.Trajectory())
 		ep.mu.Unlock()
@@ -364,12 +367,16 @@ func (s *Server) getEpisode(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if rec == nil {
+	if rec == nil || rec.Mode != "rollout" && !ownedBy(rec.Tenant, tenant) {
 		return notFound("episode", id)
 	}
 	var ro *rollout
 	if rec.Mode == "rollout" {
-		if ro, err = s.lookupRollout(rec.RolloutID); err != nil {
+		if ro, err = s.lookupRollout(rec.RolloutID, tenant); err != nil {
+			var ae *apiError
+			if errors.As(err, &ae) && ae.Status == http.StatusNotFound {
+				return notFound("episode", id)
+			}
 			return err // recovering: 503
 		}
 	} else if rec.State != episodeDone && s.recoveringAny.Load() {
@@ -413,7 +420,7 @@ func (s *Server) getEpisode(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) deleteEpisode(w http.ResponseWriter, r *http.Request) error {
-	ep, err := s.envEpisode(r.PathValue("id"))
+	ep, err := s.envEpisode(r)
 	if err != nil {
 		return err
 	}

@@ -416,12 +416,12 @@ func (s *Server) parseRollout(ctx context.Context, body []byte) (*rollout, []*jo
 	samplingJSON, _ := json.Marshal(sampling)
 	recPolicy := info
 	recPolicy.Sampling = samplingJSON
-	rec := &rolloutRecord{ID: id, State: RolloutQueued, CreatedAt: time.Now().UTC(), GroupSize: req.GroupSize,
+	rec := &rolloutRecord{ID: id, State: RolloutQueued, CreatedAt: time.Now().UTC(), GroupSize: req.GroupSize, Tenant: tenantFrom(ctx),
 		EpisodesTotal: len(tasks) * req.GroupSize, Backend: backend, Policy: recPolicy}
 	r := newRollout(rec)
 	r.tasks, r.backend, r.policy, r.sampling, r.endpoint = tasks, backend, pol, sampling, ep
 	r.info = info
-	if v := s.initialVersion(req.PolicyVersion); v != "" {
+	if v := s.initialVersion(req.PolicyVersion, tenantFrom(ctx)); v != "" {
 		r.versions = []string{v}
 	}
 	if req.MaxStaleness != nil {
@@ -960,9 +960,21 @@ func (s *Server) loadRollout(id string) (*rollout, error) {
 	return r, nil
 }
 
-// lookupRollout finds a rollout in memory or in the store; one being
-// recovered is a 503 "recovering".
-func (s *Server) lookupRollout(id string) (*rollout, error) {
+// lookupRollout finds a rollout of tenant in memory or in the store; one
+// being recovered is a 503 "recovering", another tenant's a 404.
+func (s *Server) lookupRollout(id, tenant string) (*rollout, error) {
+	r, err := s.findRollout(id)
+	if err != nil {
+		return nil, err
+	}
+	if !ownedBy(r.rec.Tenant, tenant) {
+		return nil, notFound("rollout", id)
+	}
+	return r, nil
+}
+
+// findRollout finds a rollout in memory or in the store, whoever owns it.
+func (s *Server) findRollout(id string) (*rollout, error) {
 	s.mu.Lock()
 	r, recovering := s.rollouts[id], s.recovering[id]
 	s.mu.Unlock()

@@ -53,6 +53,12 @@ type Options struct {
 	HTTP HTTPTimeouts
 	// Maxima bound what one request may ask for.
 	Maxima Maxima
+	// Tenants, when set, are the bearer tokens every request but /healthz
+	// and /openapi.json needs; each owns what it creates.
+	Tenants *Tenants
+	// AllowedHosts, when set, are the only Host names the service answers
+	// to (LoopbackHosts for a service on a loopback address).
+	AllowedHosts []string
 
 	// recoveryGate, when set (by tests), holds the recovery until closed.
 	recoveryGate chan struct{}
@@ -104,10 +110,10 @@ type Server struct {
 	env        map[string]*envEpisode
 	envOpening int
 	closing    bool
-	// policyVersion is the trainer's last announced policy version.
-	policyVersion string
-	closeOnce     sync.Once
-	closeErr      error
+	// policyVersions are the last policy version each tenant announced.
+	policyVersions map[string]string
+	closeOnce      sync.Once
+	closeErr       error
 }
 
 // Open opens the data directory and starts the service at once: the
@@ -275,11 +281,16 @@ func (s *Server) routes() {
 	for _, rt := range s.routeTable() {
 		pattern := rt.Method + " " + rt.Path
 		h := rt.h
+		public := rt.Method == http.MethodGet && (rt.Path == "/healthz" || rt.Path == "/openapi.json")
 		s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			sw := &statusWriter{ResponseWriter: w, status: 200}
 			start := time.Now()
 			http.NewResponseController(w).SetWriteDeadline(start.Add(s.opts.HTTP.Write))
-			if err := h(sw, r); err != nil {
+			r, err := s.guard(r, public)
+			if err == nil {
+				err = h(sw, r)
+			}
+			if err != nil {
 				var ae *apiError
 				if !errors.As(err, &ae) {
 					s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
@@ -293,6 +304,10 @@ func (s *Server) routes() {
 		})
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if _, err := s.guard(r, false); err != nil {
+			writeError(w, err)
+			return
+		}
 		writeError(w, &apiError{Status: http.StatusNotFound, Code: codeNotFound,
 			Message: fmt.Sprintf("no route %s %s (see GET /openapi.json)", r.Method, r.URL.Path)})
 	})
@@ -349,8 +364,12 @@ func (s *Server) listRollouts(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	out := []RolloutStatus{}
+	tenant := tenantOf(r)
 	for _, rec := range recs {
-		ro, err := s.lookupRollout(rec.ID)
+		if !ownedBy(rec.Tenant, tenant) {
+			continue
+		}
+		ro, err := s.lookupRollout(rec.ID, rec.Tenant)
 		if err != nil {
 			return err
 		}
@@ -362,7 +381,7 @@ func (s *Server) listRollouts(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) getRollout(w http.ResponseWriter, r *http.Request) error {
-	ro, err := s.lookupRollout(r.PathValue("id"))
+	ro, err := s.lookupRollout(r.PathValue("id"), tenantOf(r))
 	if err != nil {
 		return err
 	}
@@ -371,7 +390,7 @@ func (s *Server) getRollout(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) deleteRollout(w http.ResponseWriter, r *http.Request) error {
-	ro, err := s.lookupRollout(r.PathValue("id"))
+	ro, err := s.lookupRollout(r.PathValue("id"), tenantOf(r))
 	if err != nil {
 		return err
 	}
@@ -388,7 +407,7 @@ func (s *Server) deleteRollout(w http.ResponseWriter, r *http.Request) error {
 // complete, and ends. from=N skips the first N lines (to resume a stream).
 // Nothing is consumed: a client that disconnects can read again.
 func (s *Server) getRolloutEpisodes(w http.ResponseWriter, r *http.Request) error {
-	ro, err := s.lookupRollout(r.PathValue("id"))
+	ro, err := s.lookupRollout(r.PathValue("id"), tenantOf(r))
 	if err != nil {
 		return err
 	}
@@ -477,7 +496,7 @@ func (s *Server) getRolloutEpisodes(w http.ResponseWriter, r *http.Request) erro
 // rolloutSummary answers the rollout's summary.json (as rollbox run writes
 // it) over the episodes finished so far, with the infrastructure retries.
 func (s *Server) rolloutSummary(w http.ResponseWriter, r *http.Request) error {
-	ro, err := s.lookupRollout(r.PathValue("id"))
+	ro, err := s.lookupRollout(r.PathValue("id"), tenantOf(r))
 	if err != nil {
 		return err
 	}
@@ -608,7 +627,7 @@ func (s *Server) readFinished(ro *rollout, list []*episodeState, stats []*trajec
 
 // exportRollout writes a rollout's finished episodes as JSONL or Parquet.
 func (s *Server) exportRollout(w http.ResponseWriter, r *http.Request) error {
-	ro, err := s.lookupRollout(r.PathValue("id"))
+	ro, err := s.lookupRollout(r.PathValue("id"), tenantOf(r))
 	if err != nil {
 		return err
 	}

@@ -60,12 +60,13 @@ func ownWasm(t testing.TB) (*wasm.Backend, func(*runtime.Options)) {
 }
 
 type service struct {
-	t    testing.TB
-	srv  *runtime.Server
-	http *httptest.Server
-	url  string
-	rec  *runtime.Recovery
-	data string
+	t     testing.TB
+	token string // sent as a bearer token when set
+	srv   *runtime.Server
+	http  *httptest.Server
+	url   string
+	rec   *runtime.Recovery
+	data  string
 }
 
 func startService(t testing.TB, dataDir string, mutate ...func(*runtime.Options)) *service {
@@ -116,6 +117,12 @@ func (s *service) do(method, path string, body any, out any) (int, http.Header) 
 		rd = bytes.NewReader(js)
 	}
 	req, _ := http.NewRequest(method, s.url+path, rd)
+	if method == "POST" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if s.token != "" {
+		req.Header.Set("Authorization", "Bearer "+s.token)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		s.t.Fatalf("%s %s: %v", method, path, err)

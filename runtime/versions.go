@@ -37,15 +37,15 @@ func (s *Server) tokenPolicy(ctx context.Context, cfg openai.Config) (*openai.To
 	return nil, badField("policy.mode", "%v", err)
 }
 
-// initialVersion is a new rollout's policy version: its own, else the
-// service's last announced one.
-func (s *Server) initialVersion(v string) string {
+// initialVersion is a new rollout's policy version: its own, else the last
+// one its tenant announced.
+func (s *Server) initialVersion(v, tenant string) string {
 	if v != "" {
 		return v
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.policyVersion
+	return s.policyVersions[tenant]
 }
 
 // versionStatusLocked fills a status's version fields.
@@ -165,11 +165,17 @@ func (s *Server) postPolicyVersion(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
+	tenant := tenantOf(r)
 	s.mu.Lock()
-	s.policyVersion = v
+	if s.policyVersions == nil {
+		s.policyVersions = map[string]string{}
+	}
+	s.policyVersions[tenant] = v
 	live := make([]*rollout, 0, len(s.rollouts))
 	for _, ro := range s.rollouts {
-		live = append(live, ro)
+		if ownedBy(ro.rec.Tenant, tenant) { // another tenant's trainer has its own versions
+			live = append(live, ro)
+		}
 	}
 	s.mu.Unlock()
 	res := PolicyVersionResult{Version: v, Rollouts: []PolicyVersionRollout{}}
@@ -188,7 +194,7 @@ func (s *Server) postPolicyVersion(w http.ResponseWriter, r *http.Request) error
 
 // postRolloutPolicyVersion announces a version to one rollout.
 func (s *Server) postRolloutPolicyVersion(w http.ResponseWriter, r *http.Request) error {
-	ro, err := s.lookupRollout(r.PathValue("id"))
+	ro, err := s.lookupRollout(r.PathValue("id"), tenantOf(r))
 	if err != nil {
 		return err
 	}

@@ -60,6 +60,8 @@ stderr.`,
 	readTimeout := fs.Duration("read-timeout", 60*time.Second, "bound on reading a whole request, body included (a client sending less than its Content-Length is cut off)")
 	writeTimeout := fs.Duration("write-timeout", 60*time.Second, "bound on writing an answer, renewed at every write of a stream or an export")
 	idleTimeout := fs.Duration("idle-timeout", 2*time.Minute, "close a kept-alive connection idle this long")
+	authTokens := fs.String("auth-tokens", "", "require a bearer token on every request but /healthz and /openapi.json: `FILE` of \"TENANT TOKEN\" lines (or \"TOKEN\"); each tenant sees and touches only its own rollouts and episodes")
+	allowedHosts := fs.String("allowed-hosts", "", "`HOST,...` the service answers to in the Host header (* for any; default: localhost, 127.0.0.1 and ::1 when --addr is a loopback address, else any)")
 	maxLimits := fs.String("max-limits", "", "the most one request may ask for, `NAME=VALUE,...` (refused with 400 naming the field): "+strings.Join(runtime.MaximaNames(), ", "))
 	gcAllOwners := fs.Bool("gc-all-owners", false, "at start-up, also remove what any crashed rollbox left on this host (rollbox gc), not only this service's own containers")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
@@ -89,6 +91,16 @@ stderr.`,
 		maxima, err := runtime.ParseMaxima(*maxLimits)
 		if err != nil {
 			return usagef("--max-limits %v", err)
+		}
+		var tenants *runtime.Tenants
+		if *authTokens != "" {
+			if tenants, err = runtime.LoadTenants(*authTokens); err != nil {
+				return usagef("--auth-tokens: %v", err)
+			}
+		}
+		hosts, err := answeredHosts(*addr, *allowedHosts)
+		if err != nil {
+			return usagef("%v", err)
 		}
 		for name, d := range map[string]time.Duration{"--shutdown-timeout": *shutdownTimeout, "--read-timeout": *readTimeout,
 			"--write-timeout": *writeTimeout, "--idle-timeout": *idleTimeout} {
@@ -173,6 +185,7 @@ stderr.`,
 			DataDir: *data, DefaultBackend: *backendName, Catalog: catalog, KnownTool: knownTool, PolicyAPIKey: cfg.openAIKey,
 			ConfigureEpisode: indexes.configure, Registry: reg, Logger: log, Limits: limits,
 			HTTP: runtime.HTTPTimeouts{Read: *readTimeout, Write: *writeTimeout, Idle: *idleTimeout}, Maxima: maxima,
+			Tenants: tenants, AllowedHosts: hosts,
 			Backends: runtime.BackendFunc(func(ctx context.Context, name string) (sandbox.Backend, error) {
 				return backends.get(ctx, name)
 			}),
@@ -190,7 +203,12 @@ stderr.`,
 		go func() { served <- hs.Serve(ln) }()
 		abs, _ := filepath.Abs(*data)
 		fmt.Fprintf(env.stderr, "rollbox serve: listening on http://%s (data %s, owner %s)\n", ln.Addr(), abs, owner)
-		log.Info("serving", "addr", ln.Addr().String(), "data", abs, "owner", owner, "catalog", len(catalog), "limits", fmt.Sprintf("%+v", limits))
+		auth := "none: every client sees everything (--auth-tokens)"
+		if tenants != nil {
+			auth = fmt.Sprintf("%d bearer token(s)", tenants.Count())
+		}
+		log.Info("serving", "addr", ln.Addr().String(), "data", abs, "owner", owner, "catalog", len(catalog), "limits", fmt.Sprintf("%+v", limits),
+			"auth", auth, "allowed_hosts", hosts)
 
 		select {
 		case <-ctx.Done():
@@ -269,4 +287,30 @@ func parseSize(v string) (int64, error) {
 		return 0, fmt.Errorf("%q is not a size (e.g. 512MiB, 1GiB, 10GB)", v)
 	}
 	return int64(f * mult), nil
+}
+
+// answeredHosts is what --allowed-hosts makes of the Host names the service
+// answers to: the list given ("*": any), else the loopback names when addr
+// is a loopback address (so a web page under a name resolving to 127.0.0.1
+// cannot reach it), else any.
+func answeredHosts(addr, flag string) ([]string, error) {
+	if flag != "" {
+		var hosts []string
+		for _, h := range strings.Split(flag, ",") {
+			if h = strings.TrimSpace(h); h == "*" {
+				return nil, nil
+			} else if h != "" {
+				hosts = append(hosts, h)
+			}
+		}
+		return hosts, nil
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("--addr %q: %v", addr, err)
+	}
+	if ip := net.ParseIP(host); host == "localhost" || (ip != nil && ip.IsLoopback()) {
+		return runtime.LoopbackHosts(), nil
+	}
+	return nil, nil
 }

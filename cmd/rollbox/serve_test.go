@@ -34,6 +34,7 @@ func TestServeExportAndBenchRefuseBadFlags(t *testing.T) {
 		{"serve", "--backend", "vm"},
 		{"serve", "--max-running", "0"},
 		{"serve", "--max-limits", "memory_mb=lots"},
+		{"serve", "--auth-tokens", "/no/such/tokens"},
 		{"serve", "--max-limits", "gpus=8"},
 		{"serve", "--disk-reserve", "plenty"},
 		{"serve", "--shutdown-timeout", "0s"},
@@ -388,5 +389,32 @@ func TestExportSkipsAndNamesAnUnreadableRecord(t *testing.T) {
 	code, out, stderr := rollbox(t, "export", "--from", dir, "--format", "jsonl")
 	if code != 0 || strings.Count(out, "\n") != 1 || !strings.Contains(stderr, "r1.t.1.json") || !strings.Contains(stderr, "1 unreadable record(s) skipped") {
 		t.Errorf("export: %d\n%s\n%s", code, out, stderr)
+	}
+}
+
+func TestServeWithAuthTokensRefusesAnonymousRequests(t *testing.T) {
+	tokens := writeFile(t, t.TempDir(), "tokens", "trainer-a 5f1d0c3e9a8b7c6d5e4f3a2b1c0d9e8f")
+	url, stop := serve(t, "--data", t.TempDir(), "--auth-tokens", tokens)
+	defer stop()
+	get := func(token string) int {
+		req, _ := http.NewRequest("GET", url+"/v1/rollouts", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := get(""); code != 401 {
+		t.Errorf("without a token: %d", code)
+	}
+	if code := get("5f1d0c3e9a8b7c6d5e4f3a2b1c0d9e8f"); code != 200 {
+		t.Errorf("with the token: %d", code)
+	}
+	if resp, err := http.Get(url + "/healthz"); err != nil || resp.StatusCode != 200 {
+		t.Errorf("healthz without a token: %v %v", resp, err)
 	}
 }
