@@ -11,12 +11,13 @@ import (
 // Backend names: the closed list a task's sandbox.backend, the --backend
 // flags, the API and a trajectory's sandbox.backend take.
 const (
-	BackendWASM   = "wasm"
-	BackendDocker = "docker"
+	BackendWASM       = "wasm"
+	BackendDocker     = "docker"
+	BackendContainerd = "containerd"
 )
 
 // Backends lists the backend names, the default (BackendWASM) first.
-func Backends() []string { return []string{BackendWASM, BackendDocker} }
+func Backends() []string { return []string{BackendWASM, BackendDocker, BackendContainerd} }
 
 // CheckBackend returns nil for a known backend name, else an error naming
 // the known ones.

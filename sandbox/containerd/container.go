@@ -1,0 +1,269 @@
+package containerd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/pkg/cio"
+
+	"github.com/rollbox/rollbox/internal/guesthost"
+	"github.com/rollbox/rollbox/sandbox"
+)
+
+// Container is one sandbox: a containerd container whose task's init
+// process is the guest agent, spoken to over the task's stdin and stdout
+// (FIFOs the shim copies). Exec, ReadFile, WriteFile and ListFiles go
+// through the guest (guesthost.Conn).
+type Container struct {
+	*guesthost.Conn
+	b    *Backend
+	id   string
+	spec sandbox.Spec
+	info sandbox.Info
+
+	ctr    client.Container
+	task   client.Task
+	exit   <-chan client.ExitStatus
+	dio    *cio.DirectIO
+	logEnd chan struct{} // closed when the guest's stderr has ended
+	layer  *forkLayer    // a fork's files, nil for a sandbox that started empty
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+func newContainer(b *Backend, id string, spec sandbox.Spec, ref, digest string) *Container {
+	c := &Container{
+		b: b, id: id, spec: spec,
+		info: sandbox.Info{
+			ID: id, Backend: sandbox.BackendContainerd, Image: ref, ImageDigest: digest, Runtime: spec.Runtime,
+			Network: spec.Network, Limits: spec.Limits, Workdir: spec.Workdir,
+		},
+	}
+	c.Conn = guesthost.New(guesthost.Config{
+		ID: id, Spec: spec, GuestTimeout: b.opts.GuestTimeout, Engine: c, Cut: c.cut,
+	})
+	return c
+}
+
+// Info describes the sandbox as it runs.
+func (c *Container) Info() sandbox.Info { return c.info }
+
+// make creates the lease, the container (an active snapshot of the image
+// as its root, mounted read-only by the runtime once the mount points are
+// made), its stdio FIFOs and its task, not started.
+func (c *Container) make(ctx context.Context, img client.Image, shim string, labels map[string]string, layer *forkLayer) error {
+	b := c.b
+	l, err := b.newLease(ctx, c.id, labels)
+	if err != nil {
+		return err
+	}
+	lctx := leases.WithLease(ctx, l.ID)
+	files := tmpfsMounts(c.spec)
+	if layer != nil {
+		c.layer = layer
+		if files, err = layer.mounts(lctx, b, c.id, c.spec); err != nil {
+			return err
+		}
+	}
+	c.ctr, err = b.cli.NewContainer(lctx, c.id,
+		client.WithImage(img),
+		client.WithSnapshotter(Snapshotter),
+		client.WithNewSnapshot(c.id, img),
+		client.WithRuntime(shim, nil),
+		client.WithNewSpec(b.ociSpec(c.spec, files)...),
+		withLabels(labels),
+	)
+	if err != nil {
+		return translate("create container "+c.id, err)
+	}
+	fifoDir := filepath.Join(b.opts.StateDir, "fifo")
+	if err := os.MkdirAll(fifoDir, 0o700); err != nil {
+		return fmt.Errorf("fifo directory: %v: %w", err, sandbox.ErrSandboxFailed)
+	}
+	fifos, err := cio.NewFIFOSetInDir(fifoDir, c.id, false)
+	if err != nil {
+		return fmt.Errorf("stdio fifos of %s: %v: %w", c.id, err, sandbox.ErrSandboxFailed)
+	}
+	c.dio, err = cio.NewDirectIO(context.WithoutCancel(ctx), fifos)
+	if err != nil {
+		fifos.Close()
+		c.dio = nil
+		return fmt.Errorf("open the stdio of %s: %v: %w", c.id, err, sandbox.ErrSandboxFailed)
+	}
+	c.logEnd = make(chan struct{})
+	go func() {
+		defer close(c.logEnd)
+		io.Copy(c.Log(), c.dio.Stderr)
+	}()
+	c.Attach(c.dio.Stdout, c.dio.Stdin)
+	c.task, err = c.ctr.NewTask(ctx, func(string) (cio.IO, error) { return c.dio, nil })
+	if err != nil {
+		return translate("create task of "+c.id, err)
+	}
+	// Before the start, so no exit is missed.
+	c.exit, err = c.task.Wait(context.Background())
+	if err != nil {
+		return translate("wait for task of "+c.id, err)
+	}
+	return nil
+}
+
+// start starts the task and says hello to the guest.
+func (c *Container) start(ctx context.Context) error {
+	if err := c.task.Start(ctx); err != nil {
+		return translate("start task of "+c.id, err)
+	}
+	return c.Hello(ctx)
+}
+
+// cut ends the guest's stream so every pending call ends.
+func (c *Container) cut(error) {
+	if c.dio != nil {
+		c.dio.Cancel()
+		c.dio.Close()
+	}
+}
+
+// Diagnose is containerd's account of the container, for the verdict on a
+// broken guest (guesthost.Engine): a container or task removed from outside,
+// or a paused task, is the engine's doing. containerd records no event for a
+// kill it was asked for (Docker does), so a task killed through containerd
+// while a command runs reads as the command's doing; see RATIONALE.md.
+func (c *Container) Diagnose(ctx context.Context) guesthost.Diagnosis {
+	if _, err := c.b.cli.LoadContainer(ctx, c.id); err != nil {
+		if isNotFound(err) {
+			return guesthost.Diagnosis{Err: fmt.Errorf("the container was removed from outside: %w", sandbox.ErrSandboxFailed)}
+		}
+		return guesthost.Diagnosis{Err: translate("load the container", err)}
+	}
+	st, err := c.task.Status(ctx)
+	if err != nil {
+		if isNotFound(err) {
+			return guesthost.Diagnosis{Err: fmt.Errorf("the task was deleted from outside: %w", sandbox.ErrSandboxFailed)}
+		}
+		return guesthost.Diagnosis{Err: translate("task status", err)}
+	}
+	d := guesthost.Diagnosis{State: "task " + string(st.Status)}
+	if st.Status == client.Stopped {
+		d.State += fmt.Sprintf(", exit status %d", st.ExitStatus)
+	}
+	if st.Status == client.Paused || st.Status == client.Pausing {
+		d.Infra = "the task is paused"
+	}
+	return d
+}
+
+// Close ends every call in flight (they fail with ErrClosed), kills the
+// task, deletes it, the container with its snapshot and its lease, and
+// returns once containerd says the container does not exist. Idempotent
+// and safe to call concurrently; it runs to the end even if the caller's
+// context is gone.
+//
+// # Errors
+//
+// A removal that fails is retried with back-off for
+// Options.RemoveTimeout; then Close returns an ErrSandboxFailed naming the
+// container, the attempts and the last failure, and
+// Backend.RemoveFailures counts it. `rollbox gc` removes it later.
+func (c *Container) Close() error {
+	c.closeOnce.Do(func() {
+		c.MarkClosed()
+		c.cut(sandbox.ErrClosed)
+		if err := c.b.remove(c); err != nil {
+			c.b.removeFailures.Add(1)
+			c.closeErr = err
+		}
+		if c.logEnd != nil {
+			<-c.logEnd
+		}
+	})
+	return c.closeErr
+}
+
+// remove deletes what a sandbox made, retrying with back-off until
+// containerd says the container is gone or RemoveTimeout has passed.
+func (b *Backend) remove(c *Container) error {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), b.opts.RemoveTimeout)
+	defer cancel()
+	delay := 50 * time.Millisecond
+	var last error
+	for attempt := 1; ; attempt++ {
+		err := b.removeOnce(ctx, c)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() == nil || last == nil {
+			last = err
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("remove container %s: %d attempts in %v, the last: %s: %w",
+				c.id, attempt, time.Since(start).Round(time.Millisecond), firstLine(last.Error()), sandbox.ErrSandboxFailed)
+		case <-t.C:
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+}
+
+func (b *Backend) removeOnce(ctx context.Context, c *Container) error {
+	var errs []error
+	if c.task != nil {
+		if err := c.task.Kill(ctx, syscall.SIGKILL, client.WithKillAll); err != nil && !isNotFound(err) && !isNotRunning(err) {
+			errs = append(errs, fmt.Errorf("kill: %w", err))
+		}
+		if c.exit != nil {
+			select {
+			case <-c.exit:
+			case <-time.After(10 * time.Second):
+			}
+		}
+		if _, err := c.task.Delete(ctx); err != nil && !isNotFound(err) {
+			errs = append(errs, fmt.Errorf("delete task: %w", err))
+		}
+	}
+	if c.ctr != nil {
+		if err := c.ctr.Delete(ctx, client.WithSnapshotCleanup); err != nil && !isNotFound(err) {
+			errs = append(errs, fmt.Errorf("delete container: %w", err))
+		}
+	} else if ctr, err := b.cli.LoadContainer(ctx, c.id); err == nil {
+		// NewContainer failed after it stored the container.
+		if err := ctr.Delete(ctx, client.WithSnapshotCleanup); err != nil && !isNotFound(err) {
+			errs = append(errs, fmt.Errorf("delete container: %w", err))
+		}
+	}
+	if err := b.cli.LeasesService().Delete(ctx, leases.Lease{ID: leasePrefix + c.id}); err != nil && !isNotFound(err) {
+		errs = append(errs, fmt.Errorf("delete lease: %w", err))
+	}
+	if c.layer != nil {
+		if err := c.layer.release(b, c.id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if _, err := b.cli.LoadContainer(ctx, c.id); !isNotFound(err) {
+		if err == nil {
+			return fmt.Errorf("still there after its deletion was accepted")
+		}
+		return err
+	}
+	return nil
+}
+
+func isNotRunning(err error) bool {
+	return err != nil && (errors.Is(err, os.ErrProcessDone) || containsAny(err.Error(), "not running", "process already finished", "no such process"))
+}

@@ -1,0 +1,370 @@
+package containerd
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/contrib/seccomp"
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/rollbox/rollbox/internal/guesthost"
+	"github.com/rollbox/rollbox/sandbox"
+)
+
+// Labels every container (and the containerd lease holding its snapshots)
+// carries: the same names as the Docker backend's.
+const (
+	LabelOwner   = "rollbox.owner"
+	LabelSpec    = "rollbox.spec"
+	LabelRuntime = "rollbox.runtime"
+	LabelImage   = "rollbox.image"
+)
+
+// Defaults.
+const (
+	// DefaultAddress is containerd's socket.
+	DefaultAddress = "/run/containerd/containerd.sock"
+	// DefaultNamespace keeps Rollbox's containers, images, snapshots and
+	// leases apart from Docker's (moby) and Kubernetes' (k8s.io).
+	DefaultNamespace = "rollbox"
+	// DefaultOwner labels containers when Options.Owner is empty.
+	DefaultOwner = "rollbox"
+	// Snapshotter holds the images' layers and the forks' layers.
+	Snapshotter = "overlayfs"
+	// GuestMountPath is where the guest agent is bind-mounted.
+	GuestMountPath = "/.rollbox/guest"
+	// DefaultGuestTimeout is how long a ping may go unanswered (as Docker's).
+	DefaultGuestTimeout = 10 * time.Second
+	// DefaultRemoveTimeout is how long Close retries a failed removal.
+	DefaultRemoveTimeout = 2 * time.Minute
+)
+
+// Runtime shims: runc through containerd's own v2 shim; gVisor through
+// containerd-shim-runsc-v1, which must be on the PATH of containerd.
+const (
+	ShimRunc  = "io.containerd.runc.v2"
+	ShimRunsc = "io.containerd.runsc.v1"
+)
+
+// user is the commands' user: nobody, numeric, so no image needs an
+// /etc/passwd entry for it.
+const uid, gid = 65534, 65534
+
+// Options configure a Backend.
+type Options struct {
+	// GuestPath is the host path of the static guest agent binary. Required.
+	GuestPath string
+	// Address is containerd's socket (default DefaultAddress).
+	Address string
+	// Namespace is the containerd namespace (default DefaultNamespace).
+	Namespace string
+	// Owner is the rollbox.owner label (default DefaultOwner).
+	Owner string
+	// Labels are added to every container and lease (after the spec's,
+	// before the backend's own), e.g. the lease of the process that made it.
+	Labels map[string]string
+	// GuestTimeout: see docker.Options.GuestTimeout.
+	GuestTimeout time.Duration
+	// RemoveTimeout bounds how long Close retries a failed removal.
+	RemoveTimeout time.Duration
+	// StateDir holds the fork layers' upper directories (default
+	// /run/rollbox/containerd): one size-limited tmpfs per forked sandbox.
+	StateDir string
+}
+
+// Backend creates container sandboxes on containerd directly: no dockerd in
+// the path.
+type Backend struct {
+	cli  *client.Client
+	opts Options
+
+	removeFailures atomic.Int64
+
+	mu       sync.Mutex
+	unpacked map[string]bool // image config digests known unpacked
+}
+
+// New connects to containerd and checks it answers.
+//
+// # Errors
+//
+// ErrEngineUnavailable when containerd cannot be reached, with a one-line
+// hint; ErrInvalidSpec when GuestPath is missing.
+func New(ctx context.Context, opts Options) (*Backend, error) {
+	if opts.GuestPath == "" {
+		return nil, &sandbox.FieldError{Field: "containerd.guest", Message: "no guest agent binary given (images.Builder builds images/guest)"}
+	}
+	st, err := os.Stat(opts.GuestPath)
+	if err != nil || !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
+		return nil, &sandbox.FieldError{Field: "containerd.guest", Message: fmt.Sprintf("%s is not an executable file", opts.GuestPath)}
+	}
+	if opts.Address == "" {
+		opts.Address = DefaultAddress
+	}
+	if opts.Namespace == "" {
+		opts.Namespace = DefaultNamespace
+	}
+	if opts.Owner == "" {
+		opts.Owner = DefaultOwner
+	}
+	if opts.GuestTimeout <= 0 {
+		opts.GuestTimeout = DefaultGuestTimeout
+	}
+	if opts.RemoveTimeout <= 0 {
+		opts.RemoveTimeout = DefaultRemoveTimeout
+	}
+	if opts.StateDir == "" {
+		opts.StateDir = "/run/rollbox/containerd"
+	}
+	cli, err := Dial(ctx, opts.Address, opts.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	return &Backend{cli: cli, opts: opts, unpacked: map[string]bool{}}, nil
+}
+
+// Dial connects to containerd at address (default DefaultAddress) in
+// namespace (default DefaultNamespace) and checks it answers within 10 s.
+func Dial(ctx context.Context, address, namespace string) (*client.Client, error) {
+	if address == "" {
+		address = DefaultAddress
+	}
+	if namespace == "" {
+		namespace = DefaultNamespace
+	}
+	if _, err := os.Stat(address); err != nil {
+		return nil, fmt.Errorf("containerd socket %s: %v (%s): %w", address, err, engineHint, sandbox.ErrEngineUnavailable)
+	}
+	cli, err := client.New(address, client.WithDefaultNamespace(namespace), client.WithTimeout(10*time.Second))
+	if err != nil {
+		return nil, translate("containerd client", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := cli.Version(pctx); err != nil {
+		cli.Close()
+		if pctx.Err() != nil {
+			return nil, fmt.Errorf("containerd did not answer in 10s (%s): %w", engineHint, sandbox.ErrEngineUnavailable)
+		}
+		return nil, translate("containerd", err)
+	}
+	return cli, nil
+}
+
+// Client is the backend's containerd client, for tests and tools.
+func (b *Backend) Client() *client.Client { return b.cli }
+
+// Name is "containerd".
+func (b *Backend) Name() string { return sandbox.BackendContainerd }
+
+// Close closes the client. Sandboxes already handed out are not closed.
+func (b *Backend) Close() error { return b.cli.Close() }
+
+// RemoveFailures counts the containers this backend's sandboxes could not
+// remove (Close returned the error): leftovers for `rollbox gc`.
+func (b *Backend) RemoveFailures() int64 { return b.removeFailures.Load() }
+
+// Create validates spec, creates a container and its task with the guest as
+// PID 1 on the task's stdio, starts it and returns once the guest has
+// answered. A failure removes what was made.
+//
+// # Errors
+//
+// ErrInvalidSpec (a *FieldError) for a bad spec (a "bridge" network too:
+// containerd has no network of its own to join); ErrImageNotFound naming
+// the image and the command that imports it; ErrEngineUnavailable when
+// containerd or the runtime's shim is missing; ErrSandboxFailed when the
+// container does not come up.
+func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	return b.create(ctx, spec, nil)
+}
+
+func (b *Backend) create(ctx context.Context, spec sandbox.Spec, layer *forkLayer) (*Container, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	spec = spec.WithDefaults()
+	if spec.Limits.OutputBytes > sandbox.MaxFileBytes {
+		return nil, &sandbox.FieldError{Field: "limits.output_bytes", Message: fmt.Sprintf("%d is above the %d maximum", spec.Limits.OutputBytes, sandbox.MaxFileBytes)}
+	}
+	if spec.Network != sandbox.NetworkNone {
+		return nil, &sandbox.FieldError{Field: "network", Message: fmt.Sprintf("%q: the containerd backend has no network but none (no CNI is configured); use the docker backend", spec.Network)}
+	}
+	shim, err := shimFor(spec.Runtime)
+	if err != nil {
+		return nil, err
+	}
+	img, ref, digest, err := b.image(ctx, spec.Image)
+	if err != nil {
+		return nil, err
+	}
+	id := randomHex(6)
+	labels := b.labels(spec)
+	// The create is never abandoned midway (see docker.Backend.Create): it
+	// runs to its answer, and what was made for a caller that is gone is
+	// removed.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	c := newContainer(b, id, spec, ref, digest)
+	if err := c.make(cctx, img, shim, labels, layer); err != nil {
+		c.Close()
+		return nil, err
+	}
+	if err := context.Cause(ctx); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("create container: %w", err)
+	}
+	if err := c.start(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (b *Backend) labels(spec sandbox.Spec) map[string]string {
+	labels := map[string]string{}
+	for k, v := range spec.Labels {
+		labels[k] = v
+	}
+	for k, v := range b.opts.Labels {
+		labels[k] = v
+	}
+	labels[LabelOwner] = b.opts.Owner
+	labels[LabelSpec] = spec.Key()
+	labels[LabelRuntime] = spec.Runtime
+	labels[LabelImage] = spec.Image
+	return labels
+}
+
+// shimFor is the containerd runtime of an OCI runtime name.
+func shimFor(runtime string) (string, error) {
+	switch runtime {
+	case "", sandbox.RuntimeRunc:
+		return ShimRunc, nil
+	case sandbox.RuntimeRunsc:
+		if _, err := exec.LookPath("containerd-shim-runsc-v1"); err != nil {
+			return "", fmt.Errorf("runtime runsc on containerd needs containerd-shim-runsc-v1 on the PATH (Debian's runsc package has none; build it with `go install gvisor.dev/gvisor/shim@latest` and install it as containerd-shim-runsc-v1): %w", sandbox.ErrEngineUnavailable)
+		}
+		return ShimRunsc, nil
+	}
+	return "", &sandbox.FieldError{Field: "runtime", Message: fmt.Sprintf("%q is not one of runc, runsc", runtime)}
+}
+
+// ociSpec is the hardened OCI spec of a sandbox: the guest as PID 1, no
+// network interfaces (a new, empty network namespace), no capabilities,
+// no-new-privileges, containerd's default seccomp profile, a read-only root,
+// size-limited tmpfs (or, for a fork, overlays on a size-limited tmpfs) for
+// the workdir and /tmp, memory (swap equal to it), CPU quota and pids
+// through the cgroup, user 65534:65534.
+func (b *Backend) ociSpec(spec sandbox.Spec, files []specs.Mount) []oci.SpecOpts {
+	l := spec.Limits
+	memory := int64(l.MemoryMB) << 20
+	pids := int64(l.PIDs + guesthost.GuestThreads)
+	if spec.Runtime == sandbox.RuntimeRunsc {
+		// As on Docker: the guest enforces the limits inside the sentry,
+		// and the host's sit above them as a backstop (see
+		// sandbox/docker/RATIONALE.md, "Why is gVisor special?").
+		memory = memory*2 + 128<<20
+		pids = 32768
+	}
+	mounts := []specs.Mount{{
+		Destination: GuestMountPath, Type: "bind", Source: b.opts.GuestPath,
+		Options: []string{"rbind", "ro", "nosuid", "nodev"},
+	}, {
+		// The container's own cgroups, read-only, as Docker mounts them:
+		// the guest reads the memory cgroup's OOM-kill count to tell a
+		// command killed for memory from one killed otherwise.
+		Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup",
+		Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"},
+	}}
+	mounts = append(mounts, files...)
+	opts := []oci.SpecOpts{
+		oci.WithProcessArgs(GuestMountPath),
+		oci.WithProcessCwd(spec.Workdir),
+		oci.WithEnv([]string{"PATH=" + guesthost.DefaultPath}),
+		oci.WithHostname(spec.Hostname),
+		oci.WithUIDGID(uid, gid),
+		oci.WithCapabilities(nil),
+		oci.WithAmbientCapabilities(nil),
+		oci.WithNoNewPrivileges,
+		oci.WithRootFSReadonly(),
+		oci.WithMounts(mounts),
+		oci.WithMemoryLimit(uint64(memory)),
+		oci.WithMemorySwap(memory),
+		oci.WithPidsLimit(pids),
+		seccomp.WithDefaultProfile(),
+	}
+	if l.CPUs > 0 {
+		const period = 100000
+		opts = append(opts, oci.WithCPUCFS(int64(l.CPUs*period), period))
+	}
+	return opts
+}
+
+// tmpfsMounts are the workdir and /tmp of a sandbox that starts empty.
+func tmpfsMounts(spec sandbox.Spec) []specs.Mount {
+	l := spec.Limits
+	opt := func(sizeMB int, mode string) []string {
+		return []string{"nosuid", "nodev", "size=" + strconv.Itoa(sizeMB) + "m", "mode=" + mode,
+			"uid=" + strconv.Itoa(uid), "gid=" + strconv.Itoa(gid)}
+	}
+	return []specs.Mount{
+		{Destination: spec.Workdir, Type: "tmpfs", Source: "tmpfs", Options: opt(l.DiskMB, "0755")},
+		{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: opt(l.TmpMB, "1777")},
+	}
+}
+
+// withLabels is the container's labels.
+func withLabels(labels map[string]string) client.NewContainerOpts {
+	return func(ctx context.Context, _ *client.Client, c *containers.Container) error {
+		if c.Labels == nil {
+			c.Labels = map[string]string{}
+		}
+		for k, v := range labels {
+			c.Labels[k] = v
+		}
+		return nil
+	}
+}
+
+// newLease makes the containerd lease that holds what a sandbox makes in
+// containerd's stores besides its container (a fork's views), labelled
+// like the container so a cleanup finds it.
+func (b *Backend) newLease(ctx context.Context, id string, labels map[string]string) (leases.Lease, error) {
+	l, err := b.cli.LeasesService().Create(ctx, leases.WithID(leasePrefix+id), leases.WithLabels(labels))
+	if err != nil {
+		return leases.Lease{}, translate("create lease for "+id, err)
+	}
+	return l, nil
+}
+
+// leasePrefix names the leases of sandboxes; forkLeasePrefix those of fork
+// layers.
+const (
+	leasePrefix     = "rollbox-"
+	forkLeasePrefix = "rollbox-fork-"
+)
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
+	return s
+}

@@ -1,0 +1,24 @@
+// Package containerd is the container sandbox backend on containerd
+// directly (github.com/containerd/containerd/v2/client), in a namespace of
+// its own ("rollbox"; Docker's is "moby"): no dockerd in the path.
+//
+// Every sandbox is one container whose task's init process is the guest
+// agent (images/guest), bind-mounted read-only at /.rollbox/guest, spoken to
+// over the task's stdin and stdout (guesthost, the same protocol and code
+// as the Docker backend). Containers are hardened as Docker's are: a new
+// network namespace with no interface, no capabilities, no-new-privileges,
+// containerd's default seccomp profile, a read-only root, size-limited
+// tmpfs for the workdir and /tmp (1777), memory (swap equal to it), a CPU
+// quota and a pids limit through the cgroup, user 65534:65534. Runtimes:
+// runc (io.containerd.runc.v2) and gVisor (io.containerd.runsc.v1, when a
+// containerd-shim-runsc-v1 is installed).
+//
+// Images come from the same recipes as Docker's, imported into containerd's
+// content store from an archive (Import; `rollbox images build` does it).
+// Each sandbox holds a containerd lease labelled with its owner and the
+// process lease of its maker, so Cleanup removes what a crashed process
+// left: tasks, containers, snapshots, leases.
+//
+// Fork (sandbox.Forker) copies a sandbox's files once into a committed
+// snapshot that its children mount copy-on-write.
+package containerd
