@@ -244,6 +244,9 @@ func (b *Backend) removeOnce(ctx context.Context, c *Container) error {
 			errs = append(errs, fmt.Errorf("delete container: %w", err))
 		}
 	}
+	if err := b.cli.SnapshotService(Snapshotter).Remove(ctx, forkViewPrefix+c.id); err != nil && !isNotFound(err) {
+		errs = append(errs, fmt.Errorf("remove fork view: %w", err))
+	}
 	if err := b.cli.LeasesService().Delete(ctx, leases.Lease{ID: leasePrefix + c.id}); err != nil && !isNotFound(err) {
 		errs = append(errs, fmt.Errorf("delete lease: %w", err))
 	}
@@ -266,4 +269,18 @@ func (b *Backend) removeOnce(ctx context.Context, c *Container) error {
 
 func isNotRunning(err error) bool {
 	return err != nil && (errors.Is(err, os.ErrProcessDone) || containsAny(err.Error(), "not running", "process already finished", "no such process"))
+}
+
+// KillTask kills the sandbox's task from outside, as an operator would: for
+// tests of what follows.
+func (c *Container) KillTask(ctx context.Context) error {
+	if err := c.task.Kill(ctx, syscall.SIGKILL); err != nil {
+		return err
+	}
+	select {
+	case <-c.exit:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

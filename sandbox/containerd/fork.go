@@ -25,6 +25,9 @@ type forkLayer struct {
 	snapshot string // the committed snapshot's name
 }
 
+// forkViewPrefix names a child's view of its fork snapshot.
+const forkViewPrefix = "rollbox-fork-view-"
+
 // layer directories inside a fork snapshot.
 const (
 	layerWork = "work"
@@ -145,7 +148,7 @@ func bindSource(mounts []mount.Mount) (string, error) {
 // work directories are on a tmpfs of the spec's size, made for the child
 // on the host.
 func (f *forkLayer) mounts(ctx context.Context, b *Backend, id string, spec sandbox.Spec) ([]specs.Mount, error) {
-	view, err := b.cli.SnapshotService(Snapshotter).View(ctx, "rollbox-fork-view-"+id, f.snapshot)
+	view, err := b.cli.SnapshotService(Snapshotter).View(ctx, forkViewPrefix+id, f.snapshot)
 	if err != nil {
 		return nil, translate("view of fork snapshot "+f.snapshot, err)
 	}
