@@ -94,7 +94,7 @@ Exit status: 0 when every probe passed, 1 when one failed, 2 for bad input.`,
 			return usagef("--backend %v", err)
 		}
 		switch *backendName {
-		case sandbox.BackendDocker:
+		case sandbox.BackendDocker, sandbox.BackendContainerd:
 			if spec.Image == "" {
 				spec.Image = "base"
 			}

@@ -45,6 +45,8 @@ func openBackend(ctx context.Context, name string, progress io.Writer, o backend
 		}
 	case sandbox.BackendDocker:
 		be, err = openDocker(ctx, progress, o.cfg)
+	case sandbox.BackendContainerd:
+		be, err = openContainerd(ctx, progress, o.cfg)
 	default:
 		return nil, usagef("backend %v", sandbox.CheckBackend(name))
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rollbox/rollbox/internal/lease"
+	"github.com/rollbox/rollbox/sandbox/containerd"
 	"github.com/rollbox/rollbox/sandbox/docker"
 	"github.com/rollbox/rollbox/sandbox/wasm"
 )
@@ -48,6 +49,18 @@ removes every container of that owner label, live or not.`,
 				return err
 			}
 			fmt.Fprintf(env.stdout, "removed %d containers of owner %q\n", n, *owner)
+			if containerdMayAnswer() {
+				ccli, err := containerd.Dial(ctx, "", "")
+				if err != nil {
+					return err
+				}
+				defer ccli.Close()
+				n, err := containerd.Cleanup(ctx, ccli, *owner)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(env.stdout, "removed %d containerd containers of owner %q\n", n, *owner)
+			}
 		}
 		errs = append(errs, gcAll(ctx, env.stdout, env.cfg))
 		return errors.Join(errs...)
@@ -102,6 +115,8 @@ func gcAll(ctx context.Context, w io.Writer, cfg config) error {
 		}
 	}
 
+	errs = append(errs, gcContainerdAll(ctx, w, leases, host, ""))
+
 	dirs, err := docker.CleanupBuildDirs("")
 	errs = append(errs, err)
 	fmt.Fprintf(w, "gc: temp: removed %d image build directories%s\n", len(dirs), list(dirs))
@@ -141,6 +156,9 @@ func gcOwner(ctx context.Context, log *slog.Logger, cfg config) {
 			log.Error("a mount of a removed container is left", "mount", m, "err", err)
 		}
 	}
+	if err := gcContainerdAll(ctx, nil, cfg.leaseDir, lease.Host(), cfg.owner); err != nil {
+		log.Error("removing the containerd sandboxes a previous process left", "owner", cfg.owner, "err", err)
+	}
 }
 
 // gcContainers removes the containers whose lease is dead, and counts those
@@ -163,14 +181,24 @@ func gcContainers(ctx context.Context, cfg config, leases, host, owner string) (
 		return nil, 0, errNoEngine
 	}
 	var lerrs []error
+	orphaned := orphanRule(leases, host, owner, &unleased, &lerrs)
 	removed, err = docker.CleanupWhere(ctx, cli, func(c docker.Candidate) bool {
-		labels := c.Labels
+		return orphaned(c.Labels, c.Running, c.Created)
+	})
+	return removed, unleased, errors.Join(append(lerrs, err)...)
+}
+
+// orphanRule says which sandbox (container) is an orphan by its labels:
+// one whose process lease is dead, or (with owner set) one of that owner's
+// without a lease. It counts the unleased ones and collects lease errors.
+func orphanRule(leases, host, owner string, unleased *int, lerrs *[]error) func(labels map[string]string, running bool, created time.Time) bool {
+	return func(labels map[string]string, running bool, created time.Time) bool {
 		if owner != "" && labels[docker.LabelOwner] != owner {
 			return false
 		}
 		token := labels[lease.LabelLease]
 		if token == "" {
-			unleased++
+			*unleased++
 			return owner != ""
 		}
 		if labels[lease.LabelHost] != host {
@@ -178,15 +206,32 @@ func gcContainers(ctx context.Context, cfg config, leases, host, owner string) (
 		}
 		st, err := lease.Check(leases, token)
 		if err != nil {
-			lerrs = append(lerrs, err)
+			*lerrs = append(*lerrs, err)
 			return false
 		}
 		// A missing lease is a released one or a reboot's (then nothing
 		// runs), or one in another lease directory: a container that runs,
 		// or was made in the last minute (it may be starting), is left.
-		return st == lease.Dead || (st == lease.Missing && !c.Running && time.Since(c.Created) > time.Minute)
-	})
-	return removed, unleased, errors.Join(append(lerrs, err)...)
+		return st == lease.Dead || (st == lease.Missing && !running && time.Since(created) > time.Minute)
+	}
+}
+
+// gcContainerdAll is gcContainerd with the lease rule (owner "" for any),
+// reported on w.
+func gcContainerdAll(ctx context.Context, w io.Writer, leases, host, owner string) error {
+	var lerrs []error
+	unleased := 0
+	removed, err := gcContainerd(ctx, orphanRule(leases, host, owner, &unleased, &lerrs))
+	if errors.Is(err, errNoEngine) {
+		if w != nil {
+			fmt.Fprintf(w, "gc: containerd: not reachable; no containers to remove\n")
+		}
+		return nil
+	}
+	if w != nil {
+		fmt.Fprintf(w, "gc: containerd: removed %d orphaned containers with their snapshots and leases\n", len(removed))
+	}
+	return errors.Join(append(lerrs, err)...)
 }
 
 func list(paths []string) string {

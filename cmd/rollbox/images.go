@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -80,18 +81,23 @@ func imagesBuild(ctx context.Context, env *cliEnv, args []string) error {
 		return err
 	}
 	defer cli.Close()
+	var built []docker.BuiltImage
 	for _, n := range names {
 		img, err := docker.BuildImage(ctx, cli, n, env.stderr)
 		if err != nil {
 			return err
 		}
+		built = append(built, img)
 		if img.Built {
 			fmt.Fprintf(env.stdout, "%s\t%s\tbuilt in %v\n", img.Ref, img.ID, img.Duration.Round(100*time.Millisecond))
 		} else {
 			fmt.Fprintf(env.stdout, "%s\t%s\tup to date\n", img.Ref, img.ID)
 		}
 	}
-	return nil
+	// The same images in containerd's store, for --backend containerd.
+	return importIntoContainerd(ctx, env.stdout, built, func(ctx context.Context, refs []string) (io.ReadCloser, error) {
+		return cli.ImageSave(ctx, refs)
+	})
 }
 
 // buildWASMGuests builds and compiles the WASI guest programs now rather

@@ -81,7 +81,8 @@ func (b *Backend) HostAddrs(ctx context.Context) ([]string, error) {
 	}
 	var out []string
 	for _, a := range addrs {
-		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
+		// Loopback is the sandbox's own inside its namespace.
+		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil && !ipn.IP.IsLoopback() {
 			out = append(out, ipn.IP.String())
 		}
 	}

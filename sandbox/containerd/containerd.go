@@ -301,6 +301,7 @@ func (b *Backend) ociSpec(spec sandbox.Spec, files []specs.Mount) []oci.SpecOpts
 		oci.WithAmbientCapabilities(nil),
 		oci.WithNoNewPrivileges,
 		oci.WithRootFSReadonly(),
+		oci.WithoutRunMount, // Docker mounts no /run either: nothing writable but the workdir and /tmp
 		oci.WithMounts(mounts),
 		oci.WithMemoryLimit(uint64(memory)),
 		oci.WithMemorySwap(memory),
