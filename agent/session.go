@@ -194,6 +194,7 @@ func (s *Session) stepLocked(ctx context.Context, turn Turn) ([]ToolOutcome, err
 		}
 		step.Usage = &trajectory.Usage{PromptTokens: s.contextTokensLocked(), CompletionTokens: c, Estimated: true}
 		step.Usage.TotalTokens = step.Usage.PromptTokens + c
+		s.stats.PromptTokens += step.Usage.PromptTokens
 		s.stats.CompletionTokens += c
 	}
 	step.Tokens = trajectory.TokensEstimated
@@ -207,6 +208,15 @@ func (s *Session) stepLocked(ctx context.Context, turn Turn) ([]ToolOutcome, err
 	var tokensErr string
 	if s.tok.on {
 		tokensErr = s.tokenStepLocked(&step, turn)
+	}
+	// The episode's token totals are the sums of what its steps show, and
+	// say where those come from (one kind, or mixed).
+	switch s.stats.Tokens {
+	case "":
+		s.stats.Tokens = step.Tokens
+	case step.Tokens:
+	default:
+		s.stats.Tokens = trajectory.TokensMixed
 	}
 	if v := turn.PolicyVersion; v != "" {
 		step.PolicyVersion = v

@@ -180,6 +180,9 @@ const (
 	TokensExact     = "exact"
 	TokensReported  = "reported"
 	TokensEstimated = "estimated"
+	// TokensMixed, in Stats.Tokens only: the turns' accounting differs
+	// (a server that reported usage for some turns only).
+	TokensMixed = "mixed"
 )
 
 // Tokenizer is the identity of a token-mode server's tokenizer, so a
@@ -609,15 +612,19 @@ type TestCounts struct {
 
 // Stats are totals over the steps.
 type Stats struct {
-	Turns            int            `json:"turns"`
-	ToolCalls        int            `json:"tool_calls"`
-	ToolErrors       map[string]int `json:"tool_errors"`
-	PromptTokens     int64          `json:"prompt_tokens"`
-	CompletionTokens int64          `json:"completion_tokens"`
-	ContextTokens    int64          `json:"context_tokens"`
-	PolicyMS         float64        `json:"policy_ms"`
-	ToolMS           float64        `json:"tool_ms"`
-	DurationMS       float64        `json:"duration_ms"`
+	Turns      int            `json:"turns"`
+	ToolCalls  int            `json:"tool_calls"`
+	ToolErrors map[string]int `json:"tool_errors"`
+	// PromptTokens and CompletionTokens are the sums of the model steps'
+	// usage, and Tokens says where they come from: the steps' own tokens
+	// (exact, reported or estimated) when all agree, else mixed.
+	PromptTokens     int64   `json:"prompt_tokens"`
+	CompletionTokens int64   `json:"completion_tokens"`
+	Tokens           string  `json:"tokens,omitempty"`
+	ContextTokens    int64   `json:"context_tokens"`
+	PolicyMS         float64 `json:"policy_ms"`
+	ToolMS           float64 `json:"tool_ms"`
+	DurationMS       float64 `json:"duration_ms"`
 	// PolicyVersions counts model turns by the policy version that
 	// produced them (absent when no turn carried a version).
 	PolicyVersions map[string]int `json:"policy_versions,omitempty"`
