@@ -143,6 +143,7 @@ func (s *Server) postEpisode(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
+	s.backends.get(ctx, backend) // the episode's clock starts with its backend open (see runEpisode)
 	sess, err := agent.Open(ctx, cfg)
 	var oe *agent.OpenError
 	if err != nil && !errors.As(err, &oe) {

@@ -624,6 +624,11 @@ func (s *Server) runEpisode(ctx context.Context, j *job) (t *trajectory.Trajecto
 			return nil, err
 		}
 	}
+	// The episode's clock starts once its backend is open: a first-use
+	// build and compile is the service's, not the episode's (its duration
+	// and deadline never count it). A backend that does not open fails
+	// the episode's open as before, with its retries.
+	s.backends.get(ctx, j.plan.backend)
 	t, err = agent.Run(ctx, cfg)
 	r.mu.Lock()
 	e.session = nil

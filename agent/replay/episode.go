@@ -525,7 +525,7 @@ func recordedSpec(spec *sandbox.Spec, rec trajectory.Sandbox, limits *sandbox.Li
 	want := spec.WithDefaults()
 	if limits != nil {
 		if *limits != want.Limits {
-			notes = append(notes, fmt.Sprintf("the recorded limits %+v differ from the task's defaults today %+v; using the recorded ones", *limits, want.Limits))
+			notes = append(notes, fmt.Sprintf("the recorded limits (%s) differ from the task's defaults today (%s); using the recorded ones", limitsText(*limits), limitsText(want.Limits)))
 		}
 		spec.Limits = *limits
 	}
@@ -539,4 +539,10 @@ func recordedSpec(spec *sandbox.Spec, rec trajectory.Sandbox, limits *sandbox.Li
 		spec.Workdir = rec.Workdir
 	}
 	return notes
+}
+
+// limitsText is a sandbox's limits as people read them.
+func limitsText(l sandbox.Limits) string {
+	return fmt.Sprintf("cpus %g, memory %d MB, pids %d, disk %d MB, tmp %d MB, exec timeout %v, output %d B",
+		l.CPUs, l.MemoryMB, l.PIDs, l.DiskMB, l.TmpMB, l.ExecTimeout, l.OutputBytes)
 }

@@ -21,9 +21,11 @@ type backendOptions struct {
 	// auditLog is the audit log file (--audit-log); "" means the
 	// configuration's ($ROLLBOX_AUDIT_LOG), and no log when that is unset too.
 	auditLog string
-	// warmGuests builds and compiles the WASM guest programs as the backend
-	// opens (run and serve), so no episode pays for a first-use compile.
-	warmGuests bool
+	// warm names the WASM guest programs to build and compile as the
+	// backend opens (python and js for run and serve, so no episode pays for
+	// a first-use compile; the one exec runs), besides the helper, which is
+	// always built then.
+	warm []string
 }
 
 // openBackend wires up a sandbox backend by name. progress gets one line for
@@ -35,18 +37,22 @@ func openBackend(ctx context.Context, name string, progress io.Writer, o backend
 	switch name {
 	case sandbox.BackendWASM:
 		var w *wasm.Backend
-		if w, err = openWASM(ctx, progress, o.cfg); err == nil {
+		fu := startFirstUse(progress, "preparing the wasm backend: building and compiling its helper and guests…")
+		if w, err = openWASM(ctx, fu, o.cfg); err == nil {
 			be = w
-			if o.warmGuests {
-				if err = w.Warm(ctx, "python", "js"); err != nil {
-					w.Close()
-				}
+			if err = w.Warm(ctx, o.warm...); err != nil {
+				w.Close()
 			}
 		}
+		fu.end(err)
 	case sandbox.BackendDocker:
-		be, err = openDocker(ctx, progress, o.cfg)
+		fu := startFirstUse(progress, "preparing the docker backend: building the guest agent…")
+		be, err = openDocker(ctx, fu, o.cfg)
+		fu.end(err)
 	case sandbox.BackendContainerd:
-		be, err = openContainerd(ctx, progress, o.cfg)
+		fu := startFirstUse(progress, "preparing the containerd backend: building the guest agent…")
+		be, err = openContainerd(ctx, fu, o.cfg)
+		fu.end(err)
 	default:
 		return nil, usagef("backend %v", sandbox.CheckBackend(name))
 	}

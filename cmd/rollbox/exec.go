@@ -60,7 +60,11 @@ bridge are the Docker backend's and are refused there.`,
 				return err
 			}
 		}
-		backend, err := openBackend(ctx, *backendName, env.stderr, backendOptions{auditLog: *auditLog, cfg: env.cfg})
+		opts := backendOptions{auditLog: *auditLog, cfg: env.cfg}
+		if *backendName == sandbox.BackendWASM && (argv[0] == "python" || argv[0] == "js") {
+			opts.warm = argv[:1] // built and compiled with the progress line, not inside the command's time
+		}
+		backend, err := openBackend(ctx, *backendName, env.stderr, opts)
 		if err != nil {
 			var ue *usageError
 			if errors.As(err, &ue) {

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rollbox/rollbox/images"
+	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/sandbox/docker"
 )
 
@@ -104,14 +105,11 @@ func imagesBuild(ctx context.Context, env *cliEnv, args []string) error {
 // than on first use.
 func buildWASMGuests(ctx context.Context, env *cliEnv) error {
 	start := time.Now()
-	be, err := openWASM(ctx, env.stderr, env.cfg)
+	be, err := openBackend(ctx, sandbox.BackendWASM, env.stderr, backendOptions{cfg: env.cfg, warm: []string{"python", "js"}})
 	if err != nil {
 		return err
 	}
-	defer be.Close()
-	if err := be.Warm(ctx, "python", "js"); err != nil {
-		return err
-	}
+	be.Close()
 	fmt.Fprintf(env.stdout, "wasm\tpython, js\tready in %v\n", time.Since(start).Round(100*time.Millisecond))
 	return nil
 }

@@ -260,6 +260,10 @@ type backendSet struct {
 	opts     backendOptions
 	mu       sync.Mutex
 	open     map[string]sandbox.Backend
+	// beforeOpen, if set, runs once before the named backend first opens
+	// (serve's clean-up of the containers a crashed service left, deferred
+	// until docker is used).
+	beforeOpen map[string]func(context.Context)
 }
 
 // newBackendSet opens backends for episodes: the WASM guests are built and
@@ -268,7 +272,7 @@ type backendSet struct {
 // exec timeout.
 func newBackendSet(progress io.Writer, cfg config) *backendSet {
 	return &backendSet{progress: progress, open: map[string]sandbox.Backend{},
-		opts: backendOptions{cfg: cfg, warmGuests: true}}
+		opts: backendOptions{cfg: cfg, warm: []string{"python", "js"}}}
 }
 
 func (b *backendSet) get(ctx context.Context, name string) (sandbox.Backend, error) {
@@ -276,6 +280,10 @@ func (b *backendSet) get(ctx context.Context, name string) (sandbox.Backend, err
 	defer b.mu.Unlock()
 	if be, ok := b.open[name]; ok {
 		return be, nil
+	}
+	if f := b.beforeOpen[name]; f != nil {
+		delete(b.beforeOpen, name)
+		f(ctx)
 	}
 	be, err := openBackend(ctx, name, b.progress, b.opts)
 	if err != nil {

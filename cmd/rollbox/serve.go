@@ -146,7 +146,18 @@ stderr.`,
 			cfg.owner = serviceOwner(*data) // for every backend opened below
 		}
 		owner := cfg.owner
-		gcOwner(ctx, log, cfg)
+		// What a crashed service on this data directory left is removed
+		// before this one makes containers: now when it may (its default
+		// backend or a catalog task is docker), else when the docker
+		// backend first opens: a service on the WASM backend never contacts
+		// the Docker engine unless an episode asks for docker.
+		usesDocker := *backendName == sandbox.BackendDocker
+		for _, t := range catalog {
+			usesDocker = usesDocker || t.Sandbox.Backend == sandbox.BackendDocker
+		}
+		if usesDocker {
+			gcOwner(ctx, log, cfg)
+		}
 		// What other crashed rollbox processes left (containers whose lease
 		// is dead, build dirs, half-written cache files) is theirs, unless
 		// asked: on a host shared by several services or users it is someone
@@ -166,7 +177,11 @@ stderr.`,
 			}
 		}
 
-		backends := newBackendSet(env.stderr, cfg)
+		// First-use builds are logged like everything else the service says.
+		backends := newBackendSet(logLines{log}, cfg)
+		if !usesDocker {
+			backends.beforeOpen = map[string]func(context.Context){sandbox.BackendDocker: func(ctx context.Context) { gcOwner(ctx, log, cfg) }}
+		}
 		backendsOpen := true
 		defer func() {
 			if backendsOpen {
@@ -202,13 +217,12 @@ stderr.`,
 		served := make(chan error, 1)
 		go func() { served <- hs.Serve(ln) }()
 		abs, _ := filepath.Abs(*data)
-		fmt.Fprintf(env.stderr, "rollbox serve: listening on http://%s (data %s, owner %s)\n", ln.Addr(), abs, owner)
 		auth := "none: every client sees everything (--auth-tokens)"
 		if tenants != nil {
 			auth = fmt.Sprintf("%d bearer token(s)", tenants.Count())
 		}
-		log.Info("serving", "addr", ln.Addr().String(), "data", abs, "owner", owner, "catalog", len(catalog), "limits", fmt.Sprintf("%+v", limits),
-			"auth", auth, "allowed_hosts", hosts)
+		log.Info(fmt.Sprintf("listening on http://%s (data %s)", ln.Addr(), abs), "addr", ln.Addr().String(), "data", abs, "owner", owner,
+			"default_backend", *backendName, "catalog", len(catalog), limitsAttr(limits), "auth", auth, "allowed_hosts", hosts)
 
 		select {
 		case <-ctx.Done():
@@ -241,6 +255,14 @@ stderr.`,
 		return errors.Join(err, cerr)
 	}
 	return cmd
+}
+
+// limitsAttr is the service's limits as a log attribute group.
+func limitsAttr(l runtime.Limits) slog.Attr {
+	return slog.Group("limits", "max_running", l.MaxRunning, "max_queued", l.MaxQueued, "policy_concurrency", l.PolicyConcurrency,
+		"docker_concurrency", l.Backend[sandbox.BackendDocker], "wasm_concurrency", l.Backend[sandbox.BackendWASM],
+		"warm", l.WarmPool[sandbox.BackendDocker], "max_env_episodes", l.MaxEnvEpisodes, "env_idle_timeout", l.EnvIdleTimeout.String(),
+		"disk_reserve_bytes", l.DiskReserve)
 }
 
 // logLines writes each line it is given as an info record.

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -54,10 +55,18 @@ func TestServeExportAndBenchRefuseBadFlags(t *testing.T) {
 	}
 }
 
-// lineWriter hands written lines to a reader (dropping them when it lags).
-type lineWriter struct{ lines chan string }
+// lineWriter hands written lines to a reader (dropping them when it lags),
+// and keeps them all.
+type lineWriter struct {
+	lines chan string
+	mu    sync.Mutex
+	all   strings.Builder
+}
 
 func (w *lineWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	w.all.Write(p)
+	w.mu.Unlock()
 	for _, l := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
 		select {
 		case w.lines <- l:
@@ -71,6 +80,13 @@ var listenRe = regexp.MustCompile(`listening on (http://\S+)`)
 
 // serve runs `rollbox serve` until the returned stop is called.
 func serve(t *testing.T, args ...string) (url string, stop func() int) {
+	t.Helper()
+	url, stop, _ = serveLogged(t, args...)
+	return url, stop
+}
+
+// serveLogged is serve, and everything the service wrote on stderr.
+func serveLogged(t *testing.T, args ...string) (url string, stop func() int, stderr func() string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	lw := &lineWriter{lines: make(chan string, 1000)}
@@ -92,15 +108,19 @@ func serve(t *testing.T, args ...string) (url string, stop func() int) {
 		}
 	}
 	return url, func() int {
-		cancel()
-		select {
-		case code := <-done:
-			return code
-		case <-time.After(30 * time.Second):
-			t.Fatal("rollbox serve did not stop")
-			return -1
+			cancel()
+			select {
+			case code := <-done:
+				return code
+			case <-time.After(30 * time.Second):
+				t.Fatal("rollbox serve did not stop")
+				return -1
+			}
+		}, func() string {
+			lw.mu.Lock()
+			defer lw.mu.Unlock()
+			return lw.all.String()
 		}
-	}
 }
 
 func TestServeRunsARolloutAndKeepsItAcrossARestart(t *testing.T) {
@@ -239,7 +259,15 @@ func TestServeRemovesTheContainersACrashedServiceLeft(t *testing.T) {
 		t.Fatalf("%d containers before the restart", n)
 	}
 	t.Setenv("ROLLBOX_OWNER", "rollbox-serve-orphans-test")
-	_, stop := serve(t, "--data", t.TempDir())
+	// A service on the WASM backend does not contact the engine: they wait
+	// for the first docker episode (or a service that runs docker).
+	data := t.TempDir()
+	_, stop := serve(t, "--data", data)
+	stop()
+	if n := owned(); n != 2 {
+		t.Fatalf("a service on the wasm backend touched the containers: %d left", n)
+	}
+	_, stop = serve(t, "--data", data, "--backend", "docker")
 	defer stop()
 	if n := owned(); n != 0 {
 		t.Errorf("%d orphaned containers left after serve started", n)
@@ -349,7 +377,7 @@ func TestServeStartupGCLeavesOtherOwnersContainersAlone(t *testing.T) {
 		}
 	}
 	t.Setenv("ROLLBOX_OWNER", owners["mine"])
-	_, stop := serve(t, "--data", t.TempDir())
+	_, stop := serve(t, "--data", t.TempDir(), "--backend", "docker")
 	stop()
 	if count["mine"]() != 0 || count["other"]() != 1 {
 		t.Errorf("after serve started: %d of mine, %d of the other owner's; want 0 and 1", count["mine"](), count["other"]())

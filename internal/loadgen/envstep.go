@@ -82,7 +82,8 @@ func EnvStep(ctx context.Context, base, image string, n int) (*EnvStepResult, er
 			map[string]any{"name": "bash", "arguments": `{"command":"true"}`}}}, &r)
 		d := float64(time.Since(t0)) / float64(time.Millisecond)
 		if err == nil && (len(r.Results) != 1 || r.Results[0].ExitCode == nil || *r.Results[0].ExitCode != 0) {
-			err = fmt.Errorf("bash true did not exit 0: %+v", r)
+			js, _ := json.Marshal(r)
+			err = fmt.Errorf("bash true did not exit 0: the step answered %s", js)
 		}
 		return d, err
 	}
