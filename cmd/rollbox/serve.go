@@ -148,12 +148,13 @@ stderr.`,
 		owner := cfg.owner
 		// What a crashed service on this data directory left is removed
 		// before this one makes containers: now when it may (its default
-		// backend or a catalog task is docker), else when the docker
-		// backend first opens: a service on the WASM backend never contacts
-		// the Docker engine unless an episode asks for docker.
-		usesDocker := *backendName == sandbox.BackendDocker
+		// backend or a catalog task is docker or containerd), else when such
+		// a backend first opens: a service on the WASM backend never contacts
+		// the Docker (or containerd) engine unless an episode asks for it.
+		engine := func(b string) bool { return b == sandbox.BackendDocker || b == sandbox.BackendContainerd }
+		usesDocker := engine(*backendName)
 		for _, t := range catalog {
-			usesDocker = usesDocker || t.Sandbox.Backend == sandbox.BackendDocker
+			usesDocker = usesDocker || engine(t.Sandbox.Backend)
 		}
 		if usesDocker {
 			gcOwner(ctx, log, cfg)
@@ -180,7 +181,8 @@ stderr.`,
 		// First-use builds are logged like everything else the service says.
 		backends := newBackendSet(logLines{log}, cfg)
 		if !usesDocker {
-			backends.beforeOpen = map[string]func(context.Context){sandbox.BackendDocker: func(ctx context.Context) { gcOwner(ctx, log, cfg) }}
+			cleanup := func(ctx context.Context) { gcOwner(ctx, log, cfg) }
+			backends.beforeOpen = map[string]func(context.Context){sandbox.BackendDocker: cleanup, sandbox.BackendContainerd: cleanup}
 		}
 		backendsOpen := true
 		defer func() {
