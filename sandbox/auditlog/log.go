@@ -48,6 +48,9 @@ type Record struct {
 	Runtime     string   `json:"runtime,omitempty"`
 	Network     string   `json:"network,omitempty"`
 	Loosened    []string `json:"loosened,omitempty"`
+	// ForkedFrom is, on a create record, the sandbox this one was forked
+	// from (sandbox.Forker).
+	ForkedFrom string `json:"forked_from,omitempty"`
 	// Argv or Shell is the command, when its bytes are at most InlineBytes;
 	// otherwise InputSHA256 is the SHA-256 of the JSON of the argv, or of
 	// the shell line, and InputBytes its size.

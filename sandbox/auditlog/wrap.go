@@ -66,6 +66,40 @@ func (b *backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 	return &box{inner: sb, log: b.log, episode: rec.Episode, info: info}, nil
 }
 
+// Fork forks the sandbox it wraps (sandbox.Forker) and logs a create
+// record for each child, naming the parent; the children are logged like
+// any sandbox. A record that cannot be written closes every child and
+// fails the fork.
+func (s *box) Fork(ctx context.Context, n int) ([]sandbox.Sandbox, error) {
+	f, ok := sandbox.Find[sandbox.Forker](s.inner)
+	if !ok {
+		return nil, fmt.Errorf("the %s backend's sandboxes cannot be forked: %w", s.info.Backend, sandbox.ErrInvalidSpec)
+	}
+	start := time.Now()
+	kids, err := f.Fork(ctx, n)
+	if err != nil {
+		rec := s.record(OpCreate)
+		rec.Sandbox, rec.ForkedFrom, rec.Error, rec.DurationMS = "", s.info.ID, errText(err), ms(time.Since(start))
+		if lerr := s.log.Append(rec); lerr != nil {
+			return nil, errors.Join(err, logFailed(lerr))
+		}
+		return nil, err
+	}
+	out := make([]sandbox.Sandbox, len(kids))
+	for i, k := range kids {
+		info := k.Info()
+		rec := s.record(OpCreate)
+		rec.Sandbox, rec.ForkedFrom, rec.DurationMS = info.ID, s.info.ID, ms(time.Since(start))
+		rec.Image, rec.ImageDigest, rec.Runtime, rec.Network, rec.Workdir = info.Image, info.ImageDigest, info.Runtime, info.Network, info.Workdir
+		if err := s.log.Append(rec); err != nil {
+			sandbox.CloseAll(kids)
+			return nil, logFailed(err)
+		}
+		out[i] = &box{inner: k, log: s.log, episode: s.episode, info: info}
+	}
+	return out, nil
+}
+
 func logFailed(err error) error {
 	return fmt.Errorf("%v: %w", err, sandbox.ErrSandboxFailed)
 }

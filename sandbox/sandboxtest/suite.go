@@ -75,6 +75,7 @@ func Run(t *testing.T, backend sandbox.Backend, opts Options) {
 	t.Run("100 concurrent execs in one sandbox", s.concurrent)
 	t.Run("close during a running exec", s.closeWhileBusy)
 	t.Run("after close nothing remains", s.nothingRemains)
+	t.Run("a fork carries the files, each copy changes alone, and nothing remains", s.fork)
 	t.Run("an invalid spec is refused before anything starts", s.invalidSpec)
 }
 
@@ -607,6 +608,84 @@ func (s *suite) invalidSpec(t *testing.T) {
 		var fe *sandbox.FieldError
 		if !errors.As(err, &fe) || fe.Field != tc.field {
 			t.Errorf("%s: err = %v, want a FieldError naming %s", tc.field, err, tc.field)
+		}
+	}
+}
+
+func (s *suite) fork(t *testing.T) {
+	sb := s.new(t)
+	f, ok := sandbox.Find[sandbox.Forker](sb)
+	if !ok {
+		t.Fatalf("the %s backend's sandboxes do not implement sandbox.Forker", sb.Info().Backend)
+	}
+	ctx := ctxT(t, 2*time.Minute)
+	wd := sb.Info().Workdir
+	if wd == "" {
+		wd = "/work"
+	}
+	for p, data := range map[string]string{wd + "/src/a.txt": "v1", "/tmp/t": "tmp"} {
+		if err := sb.WriteFile(ctx, p, []byte(data), 0o640); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r := s.sh(t, sb, "mkdir -p "+wd+"/empty/dir"); r.ExitCode != 0 {
+		t.Fatalf("mkdir: %+v", r)
+	}
+	if _, err := f.Fork(ctx, 0); !errors.Is(err, sandbox.ErrInvalidSpec) {
+		t.Errorf("Fork(0) = %v, want ErrInvalidSpec", err)
+	}
+	kids, err := f.Fork(ctx, 2)
+	if err != nil {
+		t.Fatalf("Fork: %v", err)
+	}
+	if len(kids) != 2 {
+		t.Fatalf("Fork(2) made %d", len(kids))
+	}
+	read := func(sb sandbox.Sandbox, p string) string {
+		b, err := sb.ReadFile(ctx, p, 0)
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		return string(b)
+	}
+	for i, k := range kids {
+		if k.Info().ID == sb.Info().ID || k.Info().Limits != sb.Info().Limits || k.Info().Image != sb.Info().Image {
+			t.Errorf("child %d is %+v, parent %+v", i, k.Info(), sb.Info())
+		}
+		if got := read(k, wd+"/src/a.txt") + "|" + read(k, "/tmp/t"); got != "v1|tmp" {
+			t.Errorf("child %d reads %q", i, got)
+		}
+		if list, err := k.ListFiles(ctx, wd+"/empty"); err != nil || len(list) != 1 || !list[0].IsDir {
+			t.Errorf("child %d lacks the empty directory: %v %v", i, list, err)
+		}
+		if list, err := k.ListFiles(ctx, wd+"/src"); err != nil || len(list) != 1 || list[0].Mode.Perm() != 0o640 {
+			t.Errorf("child %d's file mode: %v %v", i, list, err)
+		}
+	}
+	if err := kids[0].WriteFile(ctx, wd+"/src/a.txt", []byte("child"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := s.sh(t, sb, "echo parent > "+wd+"/src/a.txt"); r.ExitCode != 0 {
+		t.Fatal(r)
+	}
+	if got := read(sb, wd+"/src/a.txt") + "|" + read(kids[0], wd+"/src/a.txt") + "|" + read(kids[1], wd+"/src/a.txt"); got != "parent\n|child|v1" {
+		t.Errorf("parent|child 0|child 1 read %q, want each its own", got)
+	}
+	var infos []sandbox.Info
+	for _, k := range kids {
+		infos = append(infos, k.Info())
+	}
+	if err := sandbox.CloseAll(kids); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(sb, wd+"/src/a.txt"); got != "parent\n" {
+		t.Errorf("closing the children changed the parent: %q", got)
+	}
+	for _, info := range infos {
+		if s.opts.Remains != nil {
+			if left := s.opts.Remains(t, info); len(left) > 0 {
+				t.Errorf("after Close, child %s left %v", info.ID, left)
+			}
 		}
 	}
 }

@@ -8,14 +8,17 @@
 package vfs
 
 import (
+	"bytes"
 	"crypto/rand"
 	"errors"
 	"io"
 	"io/fs"
+	"maps"
 	"path"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -45,7 +48,17 @@ type node struct {
 	children map[string]*node // directories
 	target   string           // symlinks
 	dev      device
+	// gen is the generation of the FS that may change this node in place;
+	// a node of another generation is shared with a clone and is copied
+	// before it changes (see Clone).
+	gen uint64
+	// dataShared: data's backing array is shared with a clone's copy of
+	// this node, so it is copied before it is written.
+	dataShared bool
 }
+
+// generations numbers the owners of nodes (see Clone).
+var generations atomic.Uint64
 
 func (n *node) isDir() bool     { return n.mode.IsDir() }
 func (n *node) isSymlink() bool { return n.mode&fs.ModeSymlink != 0 }
@@ -60,13 +73,14 @@ type FS struct {
 	limit   int64
 	nextIno uint64
 	now     func() time.Time
+	gen     uint64 // the generation of the nodes this FS may change in place
 }
 
 // New returns a filesystem holding at most limit bytes (data plus
 // NodeOverhead per node), with /dev/null, /dev/zero, /dev/urandom and
 // /dev/random, and the directories dirs (made with their parents).
 func New(limit int64, dirs ...string) *FS {
-	f := &FS{limit: limit, now: time.Now}
+	f := &FS{limit: limit, now: time.Now, gen: generations.Add(1)}
 	f.root = f.newNode(fs.ModeDir | 0o755)
 	dev := f.newNode(fs.ModeDir | 0o755)
 	f.root.children["dev"] = dev
@@ -84,7 +98,7 @@ func New(limit int64, dirs ...string) *FS {
 
 func (f *FS) newNode(mode fs.FileMode) *node {
 	f.nextIno++
-	n := &node{mode: mode, mtime: f.now().UnixNano(), ino: f.nextIno}
+	n := &node{mode: mode, mtime: f.now().UnixNano(), ino: f.nextIno, gen: f.gen}
 	if mode.IsDir() {
 		n.children = map[string]*node{}
 	}
@@ -96,7 +110,8 @@ func (f *FS) newNode(mode fs.FileMode) *node {
 func (f *FS) Drop() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.root.children = map[string]*node{}
+	// A new root, not the old one emptied: a clone may share the old.
+	f.root = f.newNode(fs.ModeDir | 0o755)
 	f.used, f.limit = 0, 0
 }
 
@@ -138,10 +153,45 @@ func split(p string) []string {
 // exist but its parent does), its parent directory and its name.
 func (f *FS) walk(p string, followLast bool) (n, parent *node, name string, err error) {
 	hops := 0
-	return f.walkFrom(f.root, nil, split(p), followLast, &hops)
+	return f.walkFrom(f.root, nil, split(p), followLast, false, &hops)
 }
 
-func (f *FS) walkFrom(cur *node, stack []*node, comps []string, followLast bool, hops *int) (n, parent *node, name string, err error) {
+// walkMut is walk for a change: every node on the way, the one found
+// included, is this FS's own (copied from a clone's shared tree first), so
+// the caller may change the node and its parent in place. Callers hold mu
+// for writing.
+func (f *FS) walkMut(p string, followLast bool) (n, parent *node, name string, err error) {
+	hops := 0
+	if f.root.gen != f.gen {
+		f.root = f.copyNode(f.root)
+	}
+	return f.walkFrom(f.root, nil, split(p), followLast, true, &hops)
+}
+
+// copyNode is this FS's own copy of a node shared with a clone: a
+// directory's entries are copied (the children stay shared until they
+// change), a file's data is shared until it is written.
+func (f *FS) copyNode(n *node) *node {
+	cp := *n
+	cp.gen = f.gen
+	if n.children != nil {
+		cp.children = maps.Clone(n.children)
+	}
+	if n.data != nil {
+		cp.dataShared = true
+	}
+	return &cp
+}
+
+// ownData gives n a backing array of its own before its data is written.
+func (n *node) ownData() {
+	if n.dataShared {
+		n.data = bytes.Clone(n.data)
+		n.dataShared = false
+	}
+}
+
+func (f *FS) walkFrom(cur *node, stack []*node, comps []string, followLast, mut bool, hops *int) (n, parent *node, name string, err error) {
 	// stack holds the ancestors of cur, for "..".
 	if len(comps) == 0 {
 		var par *node
@@ -169,6 +219,10 @@ func (f *FS) walkFrom(cur *node, stack []*node, comps []string, followLast bool,
 			continue
 		}
 		next := cur.children[c]
+		if mut && next != nil && next.gen != f.gen {
+			next = f.copyNode(next)
+			cur.children[c] = next
+		}
 		if next == nil {
 			if last {
 				return nil, cur, c, nil
@@ -188,7 +242,7 @@ func (f *FS) walkFrom(cur *node, stack []*node, comps []string, followLast bool,
 			if len(rest) == 0 {
 				return base, nil, "", nil
 			}
-			return f.walkFrom(base, append([]*node(nil), bstack...), rest, followLast, hops)
+			return f.walkFrom(base, append([]*node(nil), bstack...), rest, followLast, mut, hops)
 		}
 		if last {
 			return next, cur, c, nil
@@ -252,7 +306,7 @@ func (f *FS) Mkdir(p string, perm fs.FileMode) error {
 }
 
 func (f *FS) mkdirLocked(p string, perm fs.FileMode) error {
-	n, parent, name, err := f.walk(p, false)
+	n, parent, name, err := f.walkMut(p, false)
 	if err != nil {
 		return err
 	}
@@ -332,7 +386,7 @@ func (f *FS) RemoveAll(p string) error {
 }
 
 func (f *FS) removeLocked(p string, all bool) error {
-	n, parent, name, err := f.walk(p, false)
+	n, parent, name, err := f.walkMut(p, false)
 	if err != nil {
 		return err
 	}
@@ -368,7 +422,7 @@ func (f *FS) Rename(oldp, newp string) error {
 }
 
 func (f *FS) renameLocked(oldp, newp string) error {
-	n, oparent, oname, err := f.walk(oldp, false)
+	n, oparent, oname, err := f.walkMut(oldp, false)
 	if err != nil {
 		return err
 	}
@@ -378,7 +432,7 @@ func (f *FS) renameLocked(oldp, newp string) error {
 	if oparent == nil || oname == "" {
 		return syscall.EBUSY
 	}
-	dst, nparent, nname, err := f.walk(newp, false)
+	dst, nparent, nname, err := f.walkMut(newp, false)
 	if err != nil {
 		return err
 	}
@@ -429,7 +483,7 @@ func (f *FS) contains(dir, n *node) bool {
 func (f *FS) Symlink(target, link string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	n, parent, name, err := f.walk(link, false)
+	n, parent, name, err := f.walkMut(link, false)
 	if err == nil && n != nil {
 		err = syscall.EEXIST
 	}
@@ -469,7 +523,7 @@ func (f *FS) Readlink(p string) (string, error) {
 func (f *FS) Chmod(p string, perm fs.FileMode) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	n, _, _, err := f.walk(p, true)
+	n, _, _, err := f.walkMut(p, true)
 	if err == nil && n == nil {
 		err = syscall.ENOENT
 	}
@@ -484,7 +538,7 @@ func (f *FS) Chmod(p string, perm fs.FileMode) error {
 func (f *FS) Chtimes(p string, mtime time.Time) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	n, _, _, err := f.walk(p, true)
+	n, _, _, err := f.walkMut(p, true)
 	if err == nil && n == nil {
 		err = syscall.ENOENT
 	}
@@ -499,7 +553,7 @@ func (f *FS) Chtimes(p string, mtime time.Time) error {
 func (f *FS) Truncate(p string, size int64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	n, _, _, err := f.walk(p, true)
+	n, _, _, err := f.walkMut(p, true)
 	if err == nil && n == nil {
 		err = syscall.ENOENT
 	}
@@ -521,6 +575,7 @@ func (f *FS) truncateLocked(n *node, size int64) error {
 	if err := f.charge(size - int64(len(n.data))); err != nil {
 		return err
 	}
+	n.ownData()
 	if size <= int64(len(n.data)) {
 		clear(n.data[size:])
 		n.data = n.data[:size]
@@ -554,11 +609,15 @@ func (f *FS) OpenFile(p string, flag int, perm fs.FileMode) (File, error) {
 func (f *FS) Open(p string) (File, error) { return f.OpenFile(p, syscall.O_RDONLY, 0) }
 
 func (f *FS) openLocked(p string, flag int, perm fs.FileMode, follow bool) (*handle, error) {
-	n, parent, name, err := f.walk(p, follow)
+	write := flag&(syscall.O_WRONLY|syscall.O_RDWR) != 0
+	walk := f.walk
+	if write || flag&(syscall.O_CREAT|syscall.O_TRUNC) != 0 {
+		walk = f.walkMut
+	}
+	n, parent, name, err := walk(p, follow)
 	if err != nil {
 		return nil, err
 	}
-	write := flag&(syscall.O_WRONLY|syscall.O_RDWR) != 0
 	if n == nil {
 		if flag&syscall.O_CREAT == 0 {
 			return nil, syscall.ENOENT
@@ -591,7 +650,7 @@ func (f *FS) openLocked(p string, flag int, perm fs.FileMode, follow bool) (*han
 			}
 		}
 	}
-	return &handle{fs: f, n: n, name: nameOf(p, name), flag: flag &^ (syscall.O_NOFOLLOW | syscall.O_DIRECTORY)}, nil
+	return &handle{fs: f, n: n, name: nameOf(p, name), path: p, follow: follow, flag: flag &^ (syscall.O_NOFOLLOW | syscall.O_DIRECTORY)}, nil
 }
 
 // ReadFile returns a file's contents (following symlinks), refusing one
@@ -710,6 +769,11 @@ type handle struct {
 	n    *node
 	name string
 	flag int
+	// path and follow are how the handle was opened: a change through a
+	// handle whose node a Clone shared since finds the FS's own copy by
+	// them (see own).
+	path   string
+	follow bool
 
 	mu     sync.Mutex
 	pos    int64
@@ -798,9 +862,28 @@ func (h *handle) WriteAt(p []byte, off int64) (int, error) {
 	return h.writeLocked(p, off)
 }
 
+// own makes h.n this FS's own node before a change through h, under
+// fs.mu: after a Clone shared it, the copy at the path h was opened by, if
+// that is still the same file (its inode number); else EIO.
+func (h *handle) own() error {
+	if h.n.gen == h.fs.gen || h.n.dev != devNone {
+		return nil
+	}
+	n, _, _, err := h.fs.walkMut(h.path, h.follow)
+	if err != nil || n == nil || n.ino != h.n.ino {
+		return syscall.EIO
+	}
+	h.n = n
+	return nil
+}
+
 // writeLocked writes p at off (-1: append) under fs.mu.
 func (h *handle) writeLocked(p []byte, off int64) (int, error) {
+	if err := h.own(); err != nil {
+		return 0, err
+	}
 	n := h.n
+	n.ownData()
 	switch {
 	case n.dev != devNone:
 		return len(p), nil
@@ -896,6 +979,9 @@ func (h *handle) Truncate(size int64) error {
 	}
 	h.fs.mu.Lock()
 	defer h.fs.mu.Unlock()
+	if err := h.own(); err != nil {
+		return err
+	}
 	return h.fs.truncateLocked(h.n, size)
 }
 
@@ -929,9 +1015,27 @@ func (h *handle) Append() bool {
 // SetModTime sets the open node's modification time.
 func (h *handle) SetModTime(t time.Time) error {
 	h.fs.mu.Lock()
+	defer h.fs.mu.Unlock()
+	if err := h.own(); err != nil {
+		return err
+	}
 	h.n.mtime = t.UnixNano()
-	h.fs.mu.Unlock()
 	return nil
+}
+
+// Clone returns a copy of the filesystem in O(1): the two share every
+// node until one of them changes it, and then only that one pays for a
+// copy of the nodes on the changed path (a directory's entries, or a
+// file's data when it is written). Each goes on with its own quota,
+// starting from what was charged when it was cloned. Files open at the
+// time stay this FS's: a change through one copies the node it names
+// then, and fails with EIO if its path names another file by then.
+func (f *FS) Clone() *FS {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	g := &FS{root: f.root, used: f.used, limit: f.limit, nextIno: f.nextIno, now: f.now, gen: generations.Add(1)}
+	f.gen = generations.Add(1)
+	return g
 }
 
 // Usage reports the bytes charged and the quota.
