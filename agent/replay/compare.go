@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/internal/textdiff"
 )
 
 // FieldDiff is one way a replayed tool result differs from the recorded one.
@@ -64,7 +65,7 @@ func compareTool(rec, got trajectory.Step, ignore []*regexp.Regexp, strict bool)
 		}
 		name := fmt.Sprintf("step %d %s", rec.Index, field)
 		fd := FieldDiff{Field: field, Recorded: abbrev(a), Replayed: abbrev(b),
-			Diff: Unified(a, b, "recorded "+name, "replayed "+name, 3)}
+			Diff: textdiff.Unified(a, b, "recorded "+name, "replayed "+name, 3)}
 		if strict && maskDurations(a) == maskDurations(b) {
 			fd.Hint = "only wall-clock durations differ: nothing can pin them; without --strict they are masked"
 		}

@@ -1,4 +1,7 @@
-package replay
+// Package textdiff makes unified diffs of texts, line by line (Myers's
+// algorithm, bounded), for replay's divergences and the workspace diffs
+// judges read.
+package textdiff
 
 import (
 	"fmt"
@@ -9,8 +12,8 @@ import (
 // this are shown as one replaced block (after their common head and tail).
 const maxEdits = 2000
 
-// maxDiffLines caps a rendered diff; the rest is counted.
-const maxDiffLines = 200
+// DefaultMaxLines caps a rendered diff of Unified; the rest is counted.
+const DefaultMaxLines = 200
 
 type edit struct {
 	op   byte // ' ', '-', '+'
@@ -19,8 +22,15 @@ type edit struct {
 
 // Unified is a unified diff of a and b, line by line, with context lines of
 // context around each change, headed by the two names; "" when they are
-// equal. A final line without a newline is marked as diff(1) marks it.
+// equal. A final line without a newline is marked as diff(1) marks it. At
+// most DefaultMaxLines diff lines are shown.
 func Unified(a, b, nameA, nameB string, context int) string {
+	return UnifiedN(a, b, nameA, nameB, context, DefaultMaxLines)
+}
+
+// UnifiedN is Unified showing at most maxLines diff lines (the rest counted).
+func UnifiedN(a, b, nameA, nameB string, context, maxLines int) string {
+	maxDiffLines := maxLines
 	if a == b {
 		return ""
 	}

@@ -1,4 +1,4 @@
-package replay
+package textdiff
 
 import (
 	"fmt"
@@ -71,7 +71,7 @@ func TestAHugeDiffIsCappedAndCounted(t *testing.T) {
 		fmt.Fprintf(&b, "other %d\n", i)
 	}
 	got := Unified(a.String(), b.String(), "a", "b", 3)
-	if !strings.Contains(got, "more diff line(s) not shown") || strings.Count(got, "\n") > maxDiffLines+10 {
+	if !strings.Contains(got, "more diff line(s) not shown") || strings.Count(got, "\n") > DefaultMaxLines+10 {
 		t.Errorf("diff of %d lines", strings.Count(got, "\n"))
 	}
 }
