@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"path"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -83,6 +84,41 @@ func (sel selection) why(p string) string {
 	return ""
 }
 
+// kind classifies a path this selection does not take from the agent
+// (trajectory.Skip kinds): a change to the task's tests, runner
+// configuration changed or planted, a file where a hidden test goes, a new
+// test of the agent's own, a cache, or a file outside reward.editable.
+func (sel selection) kind(p string, fromTask bool) string {
+	switch {
+	case sel.fixed[p]:
+		return trajectory.SkipHidden
+	case isCache(p):
+		return trajectory.SkipOther
+	case sel.deny.covers(p):
+		return trajectory.SkipRunnerConfig
+	case sel.protect.covers(p) && fromTask:
+		return trajectory.SkipProtected
+	case sel.protect.covers(p):
+		return trajectory.SkipNewTest
+	case len(sel.editable.globs) > 0:
+		return trajectory.SkipNotEditable
+	}
+	return trajectory.SkipOther
+}
+
+// caches are what runners and tools write on their own: never rigging.
+var caches = []string{"__pycache__", ".pytest_cache", ".cache", ".git", ".mypy_cache", ".ruff_cache", "node_modules"}
+
+func isCache(p string) bool {
+	for _, c := range strings.Split(p, "/") {
+		if slices.Contains(caches, c) {
+			return true
+		}
+	}
+	ext := path.Ext(p)
+	return ext == ".pyc" || ext == ".pyo"
+}
+
 // want is the walk's filter: may p (or something below the directory p)
 // be taken from the agent?
 func (sel selection) want(p string, dir bool) bool {
@@ -135,7 +171,15 @@ func planFor(s Spec, in Input, snap *snapshot) *plan {
 				continue
 			case "file", "unknown":
 			default:
-				pl.skipped = append(pl.skipped, trajectory.Skip{Path: p, Reason: pr + " in the agent's workspace: the task's version is used"})
+				pl.skipped = append(pl.skipped, trajectory.Skip{Path: p, Kind: trajectory.SkipOther, Reason: pr + " in the agent's workspace: the task's version is used"})
+			}
+		} else if under(p, in.Workdir) {
+			switch pr := snap.presence(p); pr {
+			case "file", "unknown":
+			case "absent":
+				pl.skipped = append(pl.skipped, trajectory.Skip{Path: p, Kind: sel.kind(p, true), Reason: "deleted by the agent: " + sel.why(p)})
+			default:
+				pl.skipped = append(pl.skipped, trajectory.Skip{Path: p, Kind: sel.kind(p, true), Reason: pr + " in the agent's workspace: " + sel.why(p)})
 			}
 		}
 		if _, hidden := s.HiddenTests[p]; hidden {
@@ -145,11 +189,12 @@ func planFor(s Spec, in Input, snap *snapshot) *plan {
 	}
 	for _, p := range snap.sortedFiles() {
 		if why := sel.why(p); why != "" {
-			pl.skipped = append(pl.skipped, trajectory.Skip{Path: p, Reason: why})
+			_, fromTask := in.TaskFiles[p]
+			pl.skipped = append(pl.skipped, trajectory.Skip{Path: p, Kind: sel.kind(p, fromTask), Reason: why})
 			continue
 		}
 		if taskDirs[p] {
-			pl.skipped = append(pl.skipped, trajectory.Skip{Path: p, Reason: "a file where the task has a directory: not copied"})
+			pl.skipped = append(pl.skipped, trajectory.Skip{Path: p, Kind: trajectory.SkipOther, Reason: "a file where the task has a directory: not copied"})
 			continue
 		}
 		conflict := ""
@@ -160,7 +205,7 @@ func planFor(s Spec, in Input, snap *snapshot) *plan {
 			}
 		}
 		if conflict != "" {
-			pl.skipped = append(pl.skipped, trajectory.Skip{Path: p, Reason: "under " + conflict + ", a file of the task: not copied"})
+			pl.skipped = append(pl.skipped, trajectory.Skip{Path: p, Kind: trajectory.SkipOther, Reason: "under " + conflict + ", a file of the task: not copied"})
 			continue
 		}
 		f := snap.files[p]
@@ -240,7 +285,7 @@ func dropTaskShadows(agent []sandbox.File, skipped []trajectory.Skip, task map[s
 	var keep []sandbox.File
 	for _, f := range agent {
 		if name, ok := agentOf[f.Path]; ok {
-			skipped = append(skipped, trajectory.Skip{Path: f.Path, Reason: fmt.Sprintf("would be imported as %q, the name of the task's %s: not copied", name, taskMods[name][0])})
+			skipped = append(skipped, trajectory.Skip{Path: f.Path, Kind: trajectory.SkipShadow, Reason: fmt.Sprintf("would be imported as %q, the name of the task's %s: not copied", name, taskMods[name][0])})
 			continue
 		}
 		keep = append(keep, f)
@@ -456,7 +501,7 @@ func runOnce(ctx context.Context, s Spec, in Input, pl *plan, withAgent bool, at
 			case failed(ctx, err):
 				return nil, errRetry{fmt.Errorf("copy %s into the verifier's sandbox: %w", f.Path, err)}
 			default:
-				r.skipped = append(r.skipped, trajectory.Skip{Path: f.Path, Reason: "could not be written into the verifier's sandbox: " + err.Error()})
+				r.skipped = append(r.skipped, trajectory.Skip{Path: f.Path, Kind: trajectory.SkipOther, Reason: "could not be written into the verifier's sandbox: " + err.Error()})
 			}
 		}
 	}
@@ -565,7 +610,7 @@ func dropShadows(ctx context.Context, sb sandbox.Sandbox, files, task []sandbox.
 	var skipped []trajectory.Skip
 	for i, f := range files {
 		if n, ok := drop[i]; ok {
-			skipped = append(skipped, trajectory.Skip{Path: f.Path, Reason: fmt.Sprintf("would be imported as %q, a module the verifier's Python already has: not copied", n)})
+			skipped = append(skipped, trajectory.Skip{Path: f.Path, Kind: trajectory.SkipShadow, Reason: fmt.Sprintf("would be imported as %q, a module the verifier's Python already has: not copied", n)})
 			continue
 		}
 		keep = append(keep, f)

@@ -28,13 +28,24 @@ const (
 	MaxDepth     = 32
 	// maxSkipRecords bounds the skips kept in the record.
 	maxSkipRecords = 200
+	// Files no reward takes from the agent (protected tests, runner
+	// configuration) are read too, apart from the bounds above, to see
+	// whether the agent changed or planted them (the test_tampering
+	// monitor, the workspace diff): the task's own files up to
+	// MaxFileBytes, new ones up to maxPlantedBytes; at most maxExtraReads
+	// files and maxExtraBytes in all.
+	maxPlantedBytes = 64 << 10
+	maxExtraReads   = 200
+	maxExtraBytes   = 4 << 20
 )
 
 // agentFile is a regular file of the agent's workspace that differs from
-// the task's (or that the task did not have).
+// the task's (or that the task did not have). extra marks one that no
+// reward takes (read to be compared and shown).
 type agentFile struct {
-	data []byte
-	mode fs.FileMode
+	data  []byte
+	mode  fs.FileMode
+	extra bool
 }
 
 // snapshot is what was read of the agent's workspace: every directory
@@ -50,10 +61,10 @@ type snapshot struct {
 	dur     time.Duration
 }
 
-func (s *snapshot) skip(p, reason string) {
+func (s *snapshot) skip(p, kind, reason string) {
 	s.skips++
 	if len(s.skipped) < maxSkipRecords {
-		s.skipped = append(s.skipped, trajectory.Skip{Path: p, Reason: reason})
+		s.skipped = append(s.skipped, trajectory.Skip{Path: p, Reason: reason, Kind: kind})
 	}
 }
 
@@ -62,11 +73,14 @@ func (s *snapshot) skip(p, reason string) {
 // whether something below it may be.
 type wantFn func(p string, dir bool) bool
 
+// kindFn classifies a path no reward takes (trajectory.Skip kinds).
+type kindFn func(p string, fromTask bool) string
+
 // collect walks the agent's workdir breadth-first through the sandbox's
 // file API (never a command), reading the regular files want accepts. It
 // follows no symlink and opens no special file. An error is a failure of
 // the sandbox (infrastructure or abuse), not of what the agent left.
-func collect(ctx context.Context, sb Sandbox, workdir string, task map[string][]byte, want wantFn) (*snapshot, error) {
+func collect(ctx context.Context, sb Sandbox, workdir string, task map[string][]byte, want wantFn, kind kindFn) (*snapshot, error) {
 	start := time.Now()
 	s := &snapshot{workdir: workdir, listed: map[string]map[string]sandbox.FileInfo{}, files: map[string]agentFile{}}
 	defer func() { s.dur = time.Since(start) }()
@@ -82,21 +96,21 @@ func collect(ctx context.Context, sb Sandbox, workdir string, task map[string][]
 	}
 	queue := []item{{workdir, 0}}
 	var reads []readJob
-	entries, nfiles := 0, 0
-	var nbytes int64
+	entries, nfiles, extras := 0, 0, 0
+	var nbytes, extraBytes int64
 	for len(queue) > 0 {
 		it := queue[0]
 		queue = queue[1:]
 		fis, err := sb.ListFiles(ctx, it.dir)
 		if err != nil {
 			if errors.Is(err, sandbox.ErrNotFound) && it.dir != workdir {
-				s.skip(it.dir, "removed while the workspace was read")
+				s.skip(it.dir, trajectory.SkipOther, "removed while the workspace was read")
 				continue
 			}
 			if failed(ctx, err) {
 				return nil, fmt.Errorf("list %s of the agent's workspace: %w", it.dir, err)
 			}
-			s.skip(it.dir, "directory not readable: "+err.Error())
+			s.skip(it.dir, trajectory.SkipOther, "directory not readable: "+err.Error())
 			continue
 		}
 		m := make(map[string]sandbox.FileInfo, len(fis))
@@ -111,30 +125,43 @@ func collect(ctx context.Context, sb Sandbox, workdir string, task map[string][]
 			_, fromTask := task[p]
 			switch {
 			case fi.Link != "" || fi.Mode&fs.ModeSymlink != 0:
-				s.skip(p, fmt.Sprintf("a symlink (to %q): never followed or copied", fi.Link))
+				s.skip(p, trajectory.SkipUnsafe, fmt.Sprintf("a symlink (to %q): never followed or copied", fi.Link))
 			case fi.IsDir:
-				if !want(p, true) {
-					if !taskDirs[p] {
-						s.skip(p, "a directory the verifier takes from the task (tests or runner files), not from the agent")
-					}
+				if !want(p, true) && !taskDirs[p] {
+					s.skip(p, kind(p, false), "a directory the verifier takes from the task (tests or runner files), not from the agent")
 					continue
 				}
 				if it.depth+1 > MaxDepth {
-					s.skip(p, fmt.Sprintf("deeper than %d directories: not read", MaxDepth))
+					s.skip(p, trajectory.SkipBound, fmt.Sprintf("deeper than %d directories: not read", MaxDepth))
 					continue
 				}
+				// A directory of the task's no reward takes from is listed
+				// too: its files are compared with the task's.
 				queue = append(queue, item{p, it.depth + 1})
 			case !fi.Mode.IsRegular():
 				if want(p, false) || !fromTask {
-					s.skip(p, fmt.Sprintf("not a regular file (%v): not copied", fi.Mode.Type()))
+					s.skip(p, trajectory.SkipUnsafe, fmt.Sprintf("not a regular file (%v): not copied", fi.Mode.Type()))
 				}
 			case !want(p, false):
-				if !fromTask || int64(len(task[p])) != fi.Size {
-					s.skip(p, "a protected test or runner file: the verifier uses the task's version")
+				// Not taken from the agent: read to see whether it was
+				// changed (the task's) or planted (new), within bounds of
+				// their own; the plan records it when it differs.
+				limit := int64(maxPlantedBytes)
+				if fromTask {
+					limit = MaxFileBytes
 				}
+				if fi.Size > limit || extras >= maxExtraReads || extraBytes+fi.Size > maxExtraBytes {
+					if !fromTask || int64(len(task[p])) != fi.Size {
+						s.skip(p, kind(p, fromTask), fmt.Sprintf("a protected test or runner file: the verifier uses the task's version (%d bytes, not read)", fi.Size))
+					}
+					continue
+				}
+				extras++
+				extraBytes += fi.Size
+				reads = append(reads, readJob{path: p, mode: fi.Mode.Perm(), extra: true})
 				continue
 			case fi.Size > MaxFileBytes:
-				s.skip(p, fmt.Sprintf("%d bytes, over the %d-byte cap of a copied file", fi.Size, MaxFileBytes))
+				s.skip(p, trajectory.SkipBound, fmt.Sprintf("%d bytes, over the %d-byte cap of a copied file", fi.Size, MaxFileBytes))
 			case fromTask && int64(len(task[p])) == fi.Size && fi.Size == 0:
 				// an empty file left empty
 			default:
@@ -154,8 +181,9 @@ func collect(ctx context.Context, sb Sandbox, workdir string, task map[string][]
 }
 
 type readJob struct {
-	path string
-	mode fs.FileMode
+	path  string
+	mode  fs.FileMode
+	extra bool
 }
 
 // readers is how many files are read out at once: one round trip each to
@@ -207,13 +235,13 @@ feed:
 	for i, j := range jobs {
 		r := results[i]
 		if r.err != nil {
-			s.skip(j.path, "not readable: "+r.err.Error())
+			s.skip(j.path, trajectory.SkipOther, "not readable: "+r.err.Error())
 			continue
 		}
 		if old, fromTask := task[j.path]; fromTask && bytes.Equal(r.data, old) {
 			continue
 		}
-		s.files[j.path] = agentFile{data: r.data, mode: j.mode}
+		s.files[j.path] = agentFile{data: r.data, mode: j.mode, extra: j.extra}
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/rollbox/rollbox/agent/judge"
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/sandbox"
 )
@@ -46,23 +47,52 @@ type Input struct {
 	// VerifierOutputCap caps each stream kept of the verifier.
 	VerifierOutputCap int
 
+	// Judge rewards: the task's prompt, how the episode ended and its
+	// steps (what rubrics may show), and the pool that bounds and caches
+	// judge requests (nil: a pool of this evaluation's own).
+	Prompt string
+	End    string
+	Steps  []trajectory.Step
+	Judges *judge.Pool
+
+	// Recorded, when set, evaluates over a record instead of a live
+	// sandbox (rollbox rescore): a tests part takes its recorded score
+	// (by command; a command without one is unscored, unrecorded) and a
+	// judge part is shown the recorded workspace diff.
+	Recorded *Recorded
+
 	// ws is the agent's workspace, read once for every tests reward of a
 	// composite.
 	ws *workspace
+}
+
+// Recorded is what a recorded episode's reward holds for a rescore.
+type Recorded struct {
+	// Tests are the tests scores recorded, by the reward's command, with
+	// the verifier's record.
+	Tests    map[string]float64
+	Verifier *trajectory.Verifier
+	// Workspace is the recorded workspace diff (nil: none was recorded).
+	Workspace *trajectory.WorkspaceDiff
 }
 
 // Evaluate computes the reward. An error means the sandbox failed while
 // verifying: the episode must end sandbox_error with no score.
 func Evaluate(ctx context.Context, s Spec, in Input) (*trajectory.Reward, error) {
 	if in.ws == nil {
-		in.ws = &workspace{specs: specsOf(s)}
+		in.ws = &workspace{specs: specsOf(s), diff: s.sees(judge.SeesDiff)}
 	}
 	r := &trajectory.Reward{Components: map[string]float64{}}
 	switch s.Type {
 	case "composite":
 		return composite(ctx, s, in)
 	case "tests":
+		if in.Recorded != nil {
+			return recordedTests(s, in.Recorded), nil
+		}
 		return tests(ctx, s, in)
+	case "judge":
+		return judged(ctx, s, in)
 	case "exact":
 		ok := in.Answer != nil && normalize(*in.Answer, s.CaseInsensitive) == normalize(s.Answer, s.CaseInsensitive)
 		r.Total = trajectory.Score(b2f(ok))
@@ -111,7 +141,7 @@ func composite(ctx context.Context, s Spec, in Input) (*trajectory.Reward, error
 		}
 		for k, v := range sub.Components {
 			if k != p.Reward.Type {
-				r.Components[p.Name+"."+k] = v
+				r.Components[p.Name+"."+strings.TrimPrefix(k, p.Reward.Type+".")] = v
 			}
 		}
 		total += p.Weight * v

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/rollbox/rollbox/agent/judge"
 	"github.com/rollbox/rollbox/agent/reward/testreport"
 )
 
@@ -70,20 +71,17 @@ type Spec struct {
 	PrunePenalty float64 `json:"prune_penalty,omitempty"`
 	PruneFree    int     `json:"prune_free,omitempty"`
 
-	// judge
-	BaseURL string   `json:"base_url,omitempty"`
-	Model   string   `json:"model,omitempty"`
-	Rubrics []Rubric `json:"rubrics,omitempty"`
+	// judge: generative reward models score rubrics (package agent/judge:
+	// what each rubric sees, how judges and rubrics combine). A judge that
+	// fails after its retries leaves the reward unscored (judge_error).
+	Rubrics   []judge.Rubric   `json:"rubrics,omitempty"`
+	Judges    []judge.Endpoint `json:"judges,omitempty"`
+	Aggregate *judge.Aggregate `json:"aggregate,omitempty"`
+	Samples   int              `json:"samples,omitempty"`
+	DeadlineS float64          `json:"deadline_s,omitempty"`
 
 	// composite
 	Parts []Part `json:"parts,omitempty"`
-}
-
-// Rubric is one criterion a judge scores.
-type Rubric struct {
-	Name      string  `json:"name"`
-	Criterion string  `json:"criterion"`
-	Weight    float64 `json:"weight,omitempty"`
 }
 
 // Part is one weighted part of a composite reward.
@@ -186,7 +184,11 @@ func (s *Spec) Validate(field string) error {
 			return fmt.Errorf("%s: weights and penalties must not be negative", field)
 		}
 	case "judge":
-		return fmt.Errorf("%s.type judge: generative reward models are not supported by this build yet", field)
+		js := s.JudgeSpec()
+		if err := js.Validate(field); err != nil {
+			return err
+		}
+		s.Judges = js.Judges // with their default names
 	case "composite":
 		if len(s.Parts) == 0 {
 			return fmt.Errorf("%s.parts: a composite needs at least one part", field)
@@ -311,6 +313,23 @@ func sortedKeys(m map[string]string) []string {
 		out = append(out, k)
 	}
 	sort.Strings(out)
+	return out
+}
+
+// JudgeSpec is a judge reward's spec.
+func (s *Spec) JudgeSpec() judge.Spec {
+	return judge.Spec{Rubrics: s.Rubrics, Judges: s.Judges, Aggregate: s.Aggregate, Samples: s.Samples, DeadlineS: s.DeadlineS}
+}
+
+// JudgeSpecs lists the judge rewards of s (itself or its parts).
+func (s *Spec) JudgeSpecs() []judge.Spec {
+	if s.Type == "judge" {
+		return []judge.Spec{s.JudgeSpec()}
+	}
+	var out []judge.Spec
+	for i := range s.Parts {
+		out = append(out, s.Parts[i].Reward.JudgeSpecs()...)
+	}
 	return out
 }
 

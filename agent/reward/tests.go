@@ -15,9 +15,48 @@ import (
 // workspace reads the agent's files once, then closes its sandbox.
 type workspace struct {
 	specs []Spec
+	// diff: a judge sees the workspace's diff, so the files any task's
+	// selection would take are read even without a tests reward.
+	diff  bool
 	done  bool
 	snap  *snapshot
 	err   error
+	wdiff *trajectory.WorkspaceDiff
+}
+
+// selections are the tests rewards' selections (a default one when a
+// judge alone reads the workspace).
+func (w *workspace) selections(workdir string) []selection {
+	var sels []selection
+	for _, s := range w.specs {
+		sels = append(sels, newSelection(s, workdir))
+	}
+	if w.diff || len(sels) == 0 {
+		sels = append(sels, newSelection(Spec{Type: "tests"}, workdir))
+	}
+	return sels
+}
+
+// workspaceDiff reads the workspace (if not yet) and returns its diff
+// against the task's files; nil when the workspace was past the bounds.
+func (w *workspace) workspaceDiff(ctx context.Context, in Input) (*trajectory.WorkspaceDiff, error) {
+	snap, err := w.read(ctx, in, func() error {
+		if in.NewSandbox == nil {
+			return errors.New("no way to make a fresh sandbox")
+		}
+		sb, err := in.NewSandbox(ctx)
+		if err == nil {
+			sb.Close()
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if w.wdiff == nil && snap.blame == "" {
+		w.wdiff = diffOf(snap, in.TaskFiles, in.Workdir)
+	}
+	return w.wdiff, nil
 }
 
 // read returns the snapshot of the agent's workspace, reading it on the
@@ -37,10 +76,7 @@ func (w *workspace) read(ctx context.Context, in Input, fresh func() error) (*sn
 		w.err = errors.New("a tests reward needs the episode's sandbox and a way to make a fresh one")
 		return nil, w.err
 	}
-	sels := make([]selection, len(w.specs))
-	for i, s := range w.specs {
-		sels[i] = newSelection(s, in.Workdir)
-	}
+	sels := w.selections(in.Workdir)
 	want := func(p string, dir bool) bool {
 		for _, sel := range sels {
 			if sel.want(p, dir) {
@@ -51,7 +87,7 @@ func (w *workspace) read(ctx context.Context, in Input, fresh func() error) (*sn
 	}
 	var err error
 	for try := 0; try < 2; try++ {
-		w.snap, err = collect(ctx, in.Sandbox, in.Workdir, in.TaskFiles, want)
+		w.snap, err = collect(ctx, in.Sandbox, in.Workdir, in.TaskFiles, want, sels[0].kind)
 		if err == nil || sandbox.IsAbuse(err) || ctx.Err() != nil {
 			break
 		}
@@ -110,11 +146,15 @@ func tests(ctx context.Context, s Spec, in Input) (*trajectory.Reward, error) {
 	v.CollectMS = float64(snap.dur) / float64(time.Millisecond)
 	v.Skipped = append(v.Skipped, snap.skipped...)
 	if snap.skips > len(snap.skipped) {
-		v.Skipped = append(v.Skipped, trajectory.Skip{Path: in.Workdir, Reason: fmt.Sprintf("... and %d more skipped paths not listed", snap.skips-len(snap.skipped))})
+		v.Skipped = append(v.Skipped, trajectory.Skip{Path: in.Workdir, Kind: trajectory.SkipBound, Reason: fmt.Sprintf("... and %d more skipped paths not listed", snap.skips-len(snap.skipped))})
 	}
 	if snap.blame != "" {
 		return blamed(r, snap.blame), nil
 	}
+	if in.ws.wdiff == nil {
+		in.ws.wdiff = diffOf(snap, in.TaskFiles, in.Workdir)
+	}
+	r.Workspace = in.ws.wdiff
 	pl := planFor(s, in, snap)
 	v.Deleted = pl.deleted
 	v.Skipped = append(v.Skipped, pl.skipped...)

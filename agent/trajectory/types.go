@@ -579,6 +579,7 @@ const (
 	SkipRunnerConfig = "runner_config" // runner configuration changed or planted (conftest.py, *.pth, ...)
 	SkipHidden       = "hidden"        // written where a hidden test or the report goes
 	SkipShadow       = "shadow"        // a module that would be imported in place of the task's or the runner's
+	SkipNewTest      = "new_test"      // a new file named like a test (the agent's own test): not taken
 	SkipNotEditable  = "not_editable"  // outside reward.editable
 	SkipUnsafe       = "unsafe"        // a symlink or special file
 	SkipBound        = "bound"         // over a size or depth bound, or the list of skips cut
