@@ -7,6 +7,7 @@ import (
 	"maps"
 	"time"
 
+	"github.com/rollbox/rollbox/agent/monitor"
 	"github.com/rollbox/rollbox/agent/reward"
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/sandbox"
@@ -135,6 +136,7 @@ func (s *Session) end(ctx context.Context, reason, message string) error {
 		term, rw = s.verify(context.WithoutCancel(ctx), term)
 	}
 	s.closeSandbox()
+	s.monitor(term, rw)
 	if s.closeErr != nil {
 		// The sandbox is gone (the backend verifies it) before the episode
 		// is recorded ended; one that could not be removed is recorded.
@@ -145,6 +147,16 @@ func (s *Session) end(ctx context.Context, reason, message string) error {
 	return s.writeEnd(term, rw)
 }
 
+// monitor computes the episode's monitors over its record as it ends, and
+// applies the penalties the task asks for to its reward.
+func (s *Session) monitor(term *trajectory.Termination, rw *trajectory.Reward) {
+	t := *s.w.Trajectory()
+	t.Termination, t.Reward = term, rw
+	m := monitor.Compute(&t, s.task.Monitors)
+	monitor.Penalize(rw, m, s.task.Monitors)
+	s.w.SetMonitors(m)
+}
+
 // verify runs the task's reward over an episode that ended for the model's
 // reasons: the one place the verifier is called. A verifier that meets a
 // failed sandbox turns the end into sandbox_error (unscored); one that meets
@@ -153,7 +165,8 @@ func (s *Session) verify(ctx context.Context, term *trajectory.Termination) (*tr
 	in := reward.Input{Sandbox: s.sb, Workdir: s.sb.Info().Workdir, TaskFiles: s.taskFiles,
 		SeenIDs: s.seenIDs, PruneSizes: s.pruneSizes, VerifierOutputCap: s.task.Limits.MaxStoredOutputBytes,
 		NewSandbox: s.newVerifierSandbox, CloseSandbox: s.closeSandbox,
-		Backend: s.sb.Info().Backend, Env: s.spec.Env}
+		Backend: s.sb.Info().Backend, Env: s.spec.Env,
+		Prompt: s.task.Prompt, End: term.Reason, Steps: s.w.Trajectory().Steps, Judges: s.cfg.Judges}
 	if s.finish != nil {
 		in.Answer, in.IDs = s.finish.Answer, s.finish.IDs
 	}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rollbox/rollbox/agent/judge"
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/tools"
@@ -51,6 +52,9 @@ type Config struct {
 	Observe func(trajectory.Step)
 	// ReplayOf, set by replay, names the episode this one replays.
 	ReplayOf *trajectory.ReplayOf
+	// Judges bounds and caches the requests of judge rewards, shared by
+	// the episodes of a process (nil: the episode's own, uncached).
+	Judges *judge.Pool
 	// Pinned, if set, is pinned instead of fresh values (seed, episode id,
 	// hostname, env; see PinnedEnv): replay passes a trajectory's own.
 	Pinned map[string]string

@@ -18,7 +18,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rollbox/rollbox/agent/monitor"
 	"github.com/rollbox/rollbox/agent/reward"
+	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/tools"
 )
@@ -43,9 +45,12 @@ type Task struct {
 	// scores the runner's report of named tests (reward.report,
 	// reward.must_pass, reward.score) or, weaker, the exit status. See
 	// package reward and the README's "Tests rewards".
-	Reward    reward.Spec   `json:"reward"`
-	Limits    EpisodeLimits `json:"limits"`
-	Retriever *Retriever    `json:"retriever,omitempty"`
+	Reward reward.Spec `json:"reward"`
+	// Monitors configures the reward-hacking monitors (thresholds) and
+	// the penalties some of them add to the reward (package agent/monitor).
+	Monitors  *monitor.Config `json:"monitors,omitempty"`
+	Limits    EpisodeLimits   `json:"limits"`
+	Retriever *Retriever      `json:"retriever,omitempty"`
 	// Seed is passed to the policy's sampling when set, and pinned in the trajectory.
 	Seed     *int64         `json:"seed,omitempty"`
 	Metadata map[string]any `json:"metadata,omitempty"`
@@ -283,6 +288,11 @@ func (t *Task) Validate(knownTools func(string) bool) error {
 	}); err != nil {
 		return err
 	}
+	if t.Monitors != nil {
+		if err := t.Monitors.Validate("monitors"); err != nil {
+			return err
+		}
+	}
 	if seen[tools.NameRunTests] && t.Reward.TestCommand() == "" {
 		return errors.New("tools: run_tests needs a reward of type tests (its command is what run_tests runs)")
 	}
@@ -473,4 +483,29 @@ func ReadTasks(r io.Reader, name string, knownTools func(string) bool) ([]*Task,
 		return nil, fmt.Errorf("%s: no tasks", name)
 	}
 	return out, nil
+}
+
+// CheckJudges refuses a task whose judges include the policy itself (the
+// same endpoint and model): a policy must not grade its own episodes. A
+// policy without an endpoint (scripted, replay, environment mode) passes.
+func CheckJudges(t *Task, p trajectory.Policy) error {
+	if p.Endpoint == "" {
+		return nil
+	}
+	return checkJudges(&t.Reward, "reward", p)
+}
+
+func checkJudges(s *reward.Spec, field string, p trajectory.Policy) error {
+	norm := func(u string) string { return strings.TrimRight(strings.TrimSpace(u), "/") }
+	for i, j := range s.Judges {
+		if norm(j.BaseURL) == norm(p.Endpoint) && j.Model == p.Model {
+			return fmt.Errorf("%s.judges[%d]: %s model %q is the policy's own endpoint and model: a judge must be a distinct endpoint or model", field, i, j.BaseURL, j.Model)
+		}
+	}
+	for i := range s.Parts {
+		if err := checkJudges(&s.Parts[i].Reward, fmt.Sprintf("%s.parts[%d].reward", field, i), p); err != nil {
+			return err
+		}
+	}
+	return nil
 }
