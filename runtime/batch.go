@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/rollbox/rollbox/agent"
+	"github.com/rollbox/rollbox/agent/judge"
 	"github.com/rollbox/rollbox/agent/trajectory"
 )
 
@@ -40,6 +41,9 @@ type BatchConfig struct {
 	OnStep func(trajectory.Step)
 	// ConfigureEpisode, if set, may adjust each episode's config (extra tools).
 	ConfigureEpisode func(cfg *agent.Config) error
+	// Judges bounds and caches the judge rewards' requests (nil: a pool of
+	// the batch's own, in memory).
+	Judges *judge.Pool
 	// InfraAttempts bounds the attempts of an episode whose sandbox failed
 	// for the infrastructure's sake before the policy was asked anything
 	// (default 3, as the service); the failed attempts' records go to
@@ -82,17 +86,39 @@ type Summary struct {
 	// PolicyVersions counts model turns by the policy version that
 	// produced them (the version mix; absent when no turn had one).
 	PolicyVersions map[string]int `json:"policy_versions,omitempty"`
-	WallTimeS      float64        `json:"wall_time_s"`
-	StartedAt      time.Time      `json:"started_at"`
+	// Monitors counts, per reward-hacking monitor, the episodes that
+	// triggered it (a count above 0 or a flag set; agent/monitor).
+	Monitors map[string]int `json:"monitors"`
+	// Judge totals the judge rewards (absent when no episode had one).
+	Judge     *JudgeSummary `json:"judge,omitempty"`
+	WallTimeS float64       `json:"wall_time_s"`
+	StartedAt time.Time     `json:"started_at"`
 }
 
 // TaskSummary is one task's line of the summary; its means are null when
 // none of its episodes was scored.
 type TaskSummary struct {
-	Episodes   int      `json:"episodes"`
-	Scored     int      `json:"scored"`
-	RewardMean *float64 `json:"reward_mean"`
-	PassRate   *float64 `json:"pass_rate"`
+	Episodes   int            `json:"episodes"`
+	Scored     int            `json:"scored"`
+	RewardMean *float64       `json:"reward_mean"`
+	PassRate   *float64       `json:"pass_rate"`
+	Monitors   map[string]int `json:"monitors,omitempty"`
+}
+
+// JudgeSummary totals the judge rewards of a run.
+type JudgeSummary struct {
+	// Episodes had a judge reward; Unscored of them are unscored
+	// (judge_error).
+	Episodes int `json:"episodes"`
+	Unscored int `json:"unscored"`
+	// Requests counts the answers asked of judges (samples), CacheHits
+	// those the cache answered; Tokens the tokens the judges reported.
+	Requests  int   `json:"requests"`
+	CacheHits int   `json:"cache_hits"`
+	Tokens    int64 `json:"tokens"`
+	// MeanMS and MaxMS are the time spent judging an episode.
+	MeanMS float64 `json:"mean_ms"`
+	MaxMS  float64 `json:"max_ms"`
 }
 
 // GroupSummary has a group's GRPO statistics.
@@ -106,6 +132,8 @@ type GroupSummary struct {
 	// Unscored counts episodes that ended for infrastructure reasons and are
 	// left out of the statistics.
 	Unscored int `json:"unscored"`
+	// Monitors counts, per monitor, the group's episodes that triggered it.
+	Monitors map[string]int `json:"monitors,omitempty"`
 }
 
 // NewID returns a short random id with a prefix.
@@ -133,6 +161,9 @@ func RunBatch(ctx context.Context, cfg BatchConfig) (*Summary, error) {
 	if cfg.RolloutID == "" {
 		cfg.RolloutID = NewID("r")
 	}
+	if cfg.Judges == nil {
+		cfg.Judges = judge.NewPool(judge.Options{})
+	}
 	dir := filepath.Join(cfg.OutDir, "episodes")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -158,8 +189,8 @@ func RunBatch(ctx context.Context, cfg BatchConfig) (*Summary, error) {
 				started++
 				mu.Unlock()
 				ecfg := j.plan.config(cfg.RolloutID, j.index, dir)
-				ecfg.NewSandbox, ecfg.Policy, ecfg.PolicyInfo, ecfg.Sampling, ecfg.Observe =
-					cfg.NewSandbox, cfg.Policy, cfg.PolicyInfo, cfg.Sampling, cfg.OnStep
+				ecfg.NewSandbox, ecfg.Policy, ecfg.PolicyInfo, ecfg.Sampling, ecfg.Observe, ecfg.Judges =
+					cfg.NewSandbox, cfg.Policy, cfg.PolicyInfo, cfg.Sampling, cfg.OnStep, cfg.Judges
 				ecfg.Retry = openRetry(cfg.InfraAttempts, filepath.Join(cfg.OutDir, "attempts"), nil, ecfg.EpisodeID, func(*agent.OpenError) {
 					mu.Lock()
 					retries++
@@ -231,7 +262,9 @@ feed:
 // Summarize computes a summary over trajectories.
 func Summarize(rolloutID string, ts []*trajectory.Trajectory) *Summary {
 	s := &Summary{Schema: "rollbox.summary/v1", RolloutID: rolloutID, Tasks: map[string]*TaskSummary{},
-		Ends: map[string]int{}, ToolErrors: map[string]int{}, Groups: []GroupSummary{}}
+		Ends: map[string]int{}, ToolErrors: map[string]int{}, Groups: []GroupSummary{}, Monitors: map[string]int{}}
+	var judged JudgeSummary
+	var judgeMS float64
 	type sums struct{ reward, pass float64 }
 	var all sums
 	perTask := map[string]*sums{}
@@ -257,6 +290,33 @@ func Summarize(rolloutID string, ts []*trajectory.Trajectory) *Summary {
 			}
 			s.PolicyVersions[v] += n
 		}
+		for _, name := range t.Monitors.Triggered() {
+			s.Monitors[name]++
+			if ts.Monitors == nil {
+				ts.Monitors = map[string]int{}
+			}
+			ts.Monitors[name]++
+		}
+		if t.Reward != nil && t.Reward.Judge != nil {
+			j := t.Reward.Judge
+			judged.Episodes++
+			if t.Reward.Total == nil {
+				judged.Unscored++
+			}
+			judged.Requests += j.Calls
+			judged.CacheHits += j.CacheHits
+			for _, js := range j.Judges {
+				for _, rs := range js.Rubrics {
+					for _, smp := range rs.Samples {
+						if smp.Usage != nil && !smp.Cached {
+							judged.Tokens += smp.Usage.TotalTokens
+						}
+					}
+				}
+			}
+			judgeMS += j.DurationMS
+			judged.MaxMS = max(judged.MaxMS, j.DurationMS)
+		}
 		if v, ok := t.Value(); ok {
 			s.Scored++
 			ts.Scored++
@@ -270,6 +330,10 @@ func Summarize(rolloutID string, ts []*trajectory.Trajectory) *Summary {
 		groups[t.GroupID] = append(groups[t.GroupID], t)
 	}
 	s.RewardMean, s.PassRate = mean(all.reward, s.Scored), mean(all.pass, s.Scored)
+	if judged.Episodes > 0 {
+		judged.MeanMS = judgeMS / float64(judged.Episodes)
+		s.Judge = &judged
+	}
 	for id, ts := range s.Tasks {
 		ts.RewardMean, ts.PassRate = mean(perTask[id].reward, ts.Scored), mean(perTask[id].pass, ts.Scored)
 	}
@@ -282,7 +346,7 @@ func Summarize(rolloutID string, ts []*trajectory.Trajectory) *Summary {
 		g := groups[id]
 		sort.Slice(g, func(i, j int) bool { return g[i].GroupIndex < g[j].GroupIndex })
 		st := GroupStatistics(g)
-		gs := GroupSummary{GroupID: id, TaskID: g[0].TaskID, RewardMean: st.RewardMean, RewardStd: st.RewardStd, ZeroVariance: st.ZeroVariance}
+		gs := GroupSummary{GroupID: id, TaskID: g[0].TaskID, RewardMean: st.RewardMean, RewardStd: st.RewardStd, ZeroVariance: st.ZeroVariance, Monitors: st.Monitors}
 		for _, t := range g {
 			if v, ok := t.Value(); ok {
 				gs.Advantages = append(gs.Advantages, v-st.RewardMean)
@@ -315,6 +379,9 @@ type GroupStats struct {
 	RewardStd    float64
 	ZeroVariance bool
 	Scored       int
+	// Monitors counts, per monitor, the episodes that triggered it (nil
+	// when none did).
+	Monitors map[string]int
 }
 
 // GroupStatistics computes GroupStats; unscored (infrastructure-ended)
@@ -325,6 +392,12 @@ func GroupStatistics(g []*trajectory.Trajectory) GroupStats {
 	for _, t := range g {
 		if v, ok := t.Value(); ok {
 			rs = append(rs, v)
+		}
+		for _, name := range t.Monitors.Triggered() {
+			if st.Monitors == nil {
+				st.Monitors = map[string]int{}
+			}
+			st.Monitors[name]++
 		}
 	}
 	st.Scored = len(rs)

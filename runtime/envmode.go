@@ -136,7 +136,7 @@ func (s *Server) postEpisode(w http.ResponseWriter, r *http.Request) error {
 		rec: &episodeRecord{ID: id, Mode: "env", TaskID: task.ID, State: episodeQueued, Tenant: tenantOf(r)}}
 	cfg := agent.Config{Task: task, EpisodeID: id, Seed: req.Seed, Dir: s.st.episodesDir, Backend: backend,
 		NewSandbox: s.sandboxes.create, PolicyInfo: trajectory.Policy{Kind: "env"},
-		Observe: s.metrics.observer(backend), Retry: s.openRetry(id, backend, nil)}
+		Observe: s.metrics.observer(backend), Retry: s.openRetry(id, backend, nil), Judges: s.judges}
 	if s.opts.ConfigureEpisode != nil {
 		if err := s.opts.ConfigureEpisode(&cfg); err != nil {
 			cancel()
@@ -202,6 +202,7 @@ func (s *Server) recordEnvEnd(ep *envEpisode, t *trajectory.Trajectory) {
 		s.log.Error("store", "episode", ep.id, "err", err)
 	}
 	s.metrics.EpisodesEnded.WithLabelValues("env", t.Termination.Reason).Inc()
+	s.metrics.episodeEnded(t)
 }
 
 // envEpisode finds an open env episode of the request's tenant.

@@ -211,7 +211,7 @@ func AttachGroupStats(ts []*trajectory.Trajectory) {
 	for _, g := range groups {
 		st := GroupStatistics(g)
 		for _, t := range g {
-			gs := &trajectory.GroupStats{Size: len(g), RewardMean: st.RewardMean, RewardStd: st.RewardStd, ZeroVariance: st.ZeroVariance}
+			gs := &trajectory.GroupStats{Size: len(g), RewardMean: st.RewardMean, RewardStd: st.RewardStd, ZeroVariance: st.ZeroVariance, Monitors: st.Monitors}
 			if v, ok := t.Value(); ok {
 				gs.Advantage = v - st.RewardMean
 			}

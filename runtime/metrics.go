@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rollbox/rollbox/agent/judge"
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/internal/proc"
 )
@@ -30,6 +31,11 @@ type Metrics struct {
 	Rollouts        *prometheus.CounterVec   // state reached: submitted, done, cancelled, interrupted
 	HTTPRequests    *prometheus.CounterVec   // route, code
 	Recovered       prometheus.Counter
+	Monitors        *prometheus.CounterVec   // monitor
+	Unscored        *prometheus.CounterVec   // kind (reward error kind)
+	JudgeRequests   *prometheus.CounterVec   // endpoint, outcome
+	JudgeDuration   *prometheus.HistogramVec // endpoint
+	JudgeWait       *prometheus.HistogramVec // endpoint
 }
 
 // latencyBuckets span 100 µs to ~100 s.
@@ -71,10 +77,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "HTTP requests served, by route pattern and status code."}, []string{"route", "code"}),
 		Recovered: prometheus.NewCounter(prometheus.CounterOpts{Name: "rollbox_recovered_episodes_total",
 			Help: "Episodes found in flight at start-up and marked interrupted."}),
+		Monitors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rollbox_monitor_episodes_total",
+			Help: "Episodes that triggered a reward-hacking monitor (a count above 0 or a flag set), by monitor."}, []string{"monitor"}),
+		Unscored: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rollbox_rewards_unscored_total",
+			Help: "Episodes that ended for the model's reasons whose reward could not be computed (null total), by error kind (judge_error)."}, []string{"kind"}),
+		JudgeRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rollbox_judge_requests_total",
+			Help: "Judge requests by endpoint and outcome: ok, cached (answered from the cache, no request), retry (a failed attempt retried), error (failed after the retries)."}, []string{"endpoint", "outcome"}),
+		JudgeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rollbox_judge_request_duration_seconds",
+			Help: "Wall time of one judge request that answered, by endpoint.", Buckets: latencyBuckets}, []string{"endpoint"}),
+		JudgeWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rollbox_judge_wait_seconds",
+			Help: "Time a judge request waited for one of its endpoint's slots.", Buckets: latencyBuckets}, []string{"endpoint"}),
 	}
 	reg.MustRegister(m.Episodes, m.EpisodesEnded, m.Turns, m.ToolCalls, m.ToolDuration, m.ToolErrors,
 		m.PolicyDuration, m.PolicyWait, m.PolicyInflight, m.PolicyErrors, m.SandboxAcquire, m.SandboxFailures,
 		m.InfraRetries, m.Rejected, m.Rollouts, m.HTTPRequests, m.Recovered,
+		m.Monitors, m.Unscored, m.JudgeRequests, m.JudgeDuration, m.JudgeWait,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rollbox_process_peak_rss_bytes",
 			Help: "Peak resident set size of this process (VmHWM)."}, func() float64 { return float64(PeakRSS()) }))
 	return m
@@ -91,6 +108,30 @@ func (m *Metrics) observer(backend string) func(trajectory.Step) {
 		m.ToolDuration.WithLabelValues(s.Name, backend).Observe(s.DurationMS / 1000)
 		if s.ErrorKind != nil {
 			m.ToolErrors.WithLabelValues(s.Name, *s.ErrorKind).Inc()
+		}
+	}
+}
+
+// episodeEnded counts an ended episode's monitors and an unscored reward.
+func (m *Metrics) episodeEnded(t *trajectory.Trajectory) {
+	if t == nil {
+		return
+	}
+	for _, name := range t.Monitors.Triggered() {
+		m.Monitors.WithLabelValues(name).Inc()
+	}
+	if t.Reward != nil && t.Reward.ErrorKind != "" {
+		m.Unscored.WithLabelValues(t.Reward.ErrorKind).Inc()
+	}
+}
+
+// judgeObserver is the judge pool's Observe hook.
+func (m *Metrics) judgeObserver() func(judge.Event) {
+	return func(e judge.Event) {
+		m.JudgeRequests.WithLabelValues(e.BaseURL, e.Outcome).Inc()
+		if e.Outcome == "ok" {
+			m.JudgeDuration.WithLabelValues(e.BaseURL).Observe(e.Latency.Seconds())
+			m.JudgeWait.WithLabelValues(e.BaseURL).Observe(e.Wait.Seconds())
 		}
 	}
 }

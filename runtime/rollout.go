@@ -154,8 +154,17 @@ func (r *rollout) releaseLocked(g *groupState) {
 		}
 	}
 	st := GroupStatistics(ts)
+	var monitors map[string]int
 	for _, m := range members {
-		gs := &trajectory.GroupStats{Size: len(members), RewardMean: st.RewardMean, RewardStd: st.RewardStd, ZeroVariance: st.ZeroVariance}
+		for _, name := range m.rec.Monitors {
+			if monitors == nil {
+				monitors = map[string]int{}
+			}
+			monitors[name]++
+		}
+	}
+	for _, m := range members {
+		gs := &trajectory.GroupStats{Size: len(members), RewardMean: st.RewardMean, RewardStd: st.RewardStd, ZeroVariance: st.ZeroVariance, Monitors: monitors}
 		if m.rec.Reward != nil {
 			gs.Advantage = *m.rec.Reward - st.RewardMean
 		}
@@ -379,6 +388,9 @@ func (s *Server) parseRollout(ctx context.Context, body []byte) (*rollout, []*jo
 		}
 		if j, dup := seen[t.ID]; dup {
 			return nil, nil, badField(field+".id", "task %q is also tasks[%d]; use group_size for repeats", t.ID, j)
+		}
+		if err := agent.CheckJudges(t, trajectory.Policy{Endpoint: pr.BaseURL, Model: pr.Model}); err != nil {
+			return nil, nil, taskError(err, field)
 		}
 		seen[t.ID] = i
 		tasks[i] = t
@@ -609,6 +621,7 @@ func (s *Server) runEpisode(ctx context.Context, j *job) (t *trajectory.Trajecto
 	cfg.Policy = &gatedPolicy{inner: r.policy, ep: r.endpoint, rolloutSem: r.sem, metrics: s.metrics, r: r, e: e}
 	cfg.PolicyInfo, cfg.Sampling = r.info, r.sampling
 	cfg.Observe = s.metrics.observer(j.plan.backend)
+	cfg.Judges = s.judges
 	cfg.Retry = s.openRetry(e.rec.ID, j.plan.backend, func() {
 		r.mu.Lock()
 		r.rec.InfraRetries++
@@ -696,6 +709,7 @@ func (s *Server) recordEnds(r *rollout, ends []endedEpisode) {
 			if len(it.t.Stats.ToolErrors) > 0 {
 				rec.ToolErrors = copyCounts(it.t.Stats.ToolErrors)
 			}
+			rec.Monitors = it.t.Monitors.Triggered()
 			for v, n := range it.t.Stats.PolicyVersions {
 				r.versionTurns[v] += n
 			}
@@ -711,6 +725,7 @@ func (s *Server) recordEnds(r *rollout, ends []endedEpisode) {
 			recordErrors++
 		}
 		s.metrics.EpisodesEnded.WithLabelValues("rollout", rec.Reason).Inc()
+		s.metrics.episodeEnded(it.t)
 		if len(r.finished)+1 == len(r.episodes) {
 			switch {
 			case r.rec.State == RolloutCancelled || r.rec.State == RolloutInterrupted:

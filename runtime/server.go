@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/rollbox/rollbox/agent"
+	"github.com/rollbox/rollbox/agent/judge"
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/tools"
@@ -59,6 +60,10 @@ type Options struct {
 	// AllowedHosts, when set, are the only Host names the service answers
 	// to (LoopbackHosts for a service on a loopback address).
 	AllowedHosts []string
+	// Judge configures the pool every episode's judge rewards share (the
+	// bound per endpoint, the cache, the keys); the service adds its
+	// metrics.
+	Judge judge.Options
 
 	// recoveryGate, when set (by tests), holds the recovery until closed.
 	recoveryGate chan struct{}
@@ -80,6 +85,7 @@ type Server struct {
 	sandboxes *sandboxes
 	storage   *storageMonitor
 	endpoints *endpoints
+	judges    *judge.Pool
 	mux       *http.ServeMux
 	started   time.Time
 
@@ -161,6 +167,9 @@ func Open(opts Options) (*Server, error) {
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	s.metrics = NewMetrics(opts.Registry)
+	jo := opts.Judge
+	jo.Observe = s.metrics.judgeObserver()
+	s.judges = judge.NewPool(jo)
 	s.endpoints = &endpoints{limit: s.limits.PolicyConcurrency, m: map[string]*endpoint{}}
 	s.backends = newBackendOpener(s.ctx, opts.Backends, s.log)
 	s.sandboxes = &sandboxes{backends: s.backends, metrics: s.metrics, warm: s.limits.WarmPool, pools: map[string]*sandbox.Pool{}}

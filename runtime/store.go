@@ -85,6 +85,8 @@ type episodeRecord struct {
 	Message string `json:"message,omitempty"`
 	// Tenant owns an environment-mode episode ("" without --auth-tokens).
 	Tenant string `json:"tenant,omitempty"`
+	// Monitors are the monitors the episode triggered (group statistics).
+	Monitors []string `json:"monitors,omitempty"`
 }
 
 func openStore(dir string) (*store, error) {
