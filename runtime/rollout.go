@@ -512,6 +512,11 @@ func (s *Server) resolveTask(raw json.RawMessage, field string) (t *agent.Task, 
 	if err != nil {
 		return nil, false, taskError(err, field)
 	}
+	if f := agent.JudgeKeyField(t); f != "" {
+		// The service's environment is the operator's: a request must not
+		// have a key of it sent to a URL the request names.
+		return nil, false, badField(field+"."+f, "judge API keys are not accepted over HTTP (api_key_env would send the service's environment to the judge's URL); start the service with --tasks and refer to the task by id")
+	}
 	return t, true, nil
 }
 

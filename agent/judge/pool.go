@@ -61,6 +61,14 @@ type Pool struct {
 
 	mu        sync.Mutex
 	endpoints map[string]chan struct{} // base URL → slots
+	flights   map[string]*flight       // key → the request in flight
+}
+
+// flight is a request in flight that identical ones wait for instead of
+// asking again (the episodes of a group often show a judge the same).
+type flight struct {
+	done chan struct{}
+	s    *trajectory.JudgeSample
 }
 
 // NewPool makes a pool.
@@ -77,7 +85,7 @@ func NewPool(o Options) *Pool {
 		tr.MaxIdleConnsPerHost = 64
 		c = &http.Client{Transport: tr}
 	}
-	return &Pool{opts: o, client: c, endpoints: map[string]chan struct{}{}}
+	return &Pool{opts: o, client: c, endpoints: map[string]chan struct{}{}, flights: map[string]*flight{}}
 }
 
 // Cache is the pool's cache.
@@ -266,10 +274,39 @@ func Key(e *Endpoint, msgs []chatMessage, sample int) string {
 	return hex.EncodeToString(h[:])
 }
 
-// sample gets one score: from the cache, else by asking the judge, with
-// retries. It always returns a record; Score is nil when it failed.
+// sample gets one score: from the cache, from an identical request in
+// flight, else by asking the judge, with retries. It always returns a
+// record; Score is nil when it failed.
 func (p *Pool) sample(ctx context.Context, e *Endpoint, r *Rubric, msgs []chatMessage, index int) *trajectory.JudgeSample {
 	key := Key(e, msgs, index)
+	p.mu.Lock()
+	if f := p.flights[key]; f != nil {
+		p.mu.Unlock()
+		select {
+		case <-f.done:
+			s := *f.s
+			if s.Score != nil {
+				s.Cached = true
+				p.observe(Event{BaseURL: e.BaseURL, Model: e.Model, Outcome: "cached"})
+			}
+			return &s
+		case <-ctx.Done():
+			return &trajectory.JudgeSample{Key: key, Error: "the judging's deadline passed waiting for an identical request: " + ctx.Err().Error()}
+		}
+	}
+	f := &flight{done: make(chan struct{})}
+	p.flights[key] = f
+	p.mu.Unlock()
+	f.s = p.ask1(ctx, e, r, msgs, key)
+	p.mu.Lock()
+	delete(p.flights, key)
+	p.mu.Unlock()
+	close(f.done)
+	return f.s
+}
+
+// ask1 is sample without the sharing of identical requests in flight.
+func (p *Pool) ask1(ctx context.Context, e *Endpoint, r *Rubric, msgs []chatMessage, key string) *trajectory.JudgeSample {
 	s := &trajectory.JudgeSample{Key: key}
 	if ent, ok := p.opts.Cache.Get(key); ok {
 		if parsed, err := Parse(ent.Text, r.Name, r.Scale); err == nil {

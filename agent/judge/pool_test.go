@@ -226,6 +226,28 @@ func TestAnswersAreCachedByJudgeRubricAndContent(t *testing.T) {
 		t.Errorf("a new diff: %d requests, want 2 more (the correctness rubric's samples)", srv.Requests())
 	}
 
+	t.Run("identical requests in flight are asked once", func(t *testing.T) {
+		slow := start(t, "slow", fakejudge.Slow(100*time.Millisecond, fakejudge.JSON(fakejudge.Hashed())))
+		sp := spec(t, judge.Spec{Judges: []judge.Endpoint{{BaseURL: slow.URL(), Model: "slow"}}, Rubrics: []judge.Rubric{rubric("c", 1, "answer")}})
+		pool := judge.NewPool(judge.Options{})
+		var wg sync.WaitGroup
+		recs := make([]*trajectory.Judge, 5)
+		for i := range recs {
+			wg.Add(1)
+			go func() { defer wg.Done(); recs[i] = pool.Judge(context.Background(), sp, episode("same")) }()
+		}
+		wg.Wait()
+		hits := 0
+		for _, r := range recs {
+			if r.Score == nil || *r.Score != *recs[0].Score {
+				t.Fatalf("%+v", r)
+			}
+			hits += r.CacheHits
+		}
+		if slow.Requests() != 1 || hits != 4 {
+			t.Errorf("%d requests for five identical episodes judged at once, %d shared", slow.Requests(), hits)
+		}
+	})
 	t.Run("a directory cache serves another process", func(t *testing.T) {
 		dir := t.TempDir()
 		judge.NewPool(judge.Options{Cache: judge.DirCache{Dir: dir}}).Judge(context.Background(), sp, episode("c"))

@@ -1,6 +1,7 @@
 package judge
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -72,6 +73,9 @@ func views(r *Rubric, ep *Episode) []view {
 
 func answerText(ep *Episode) string {
 	if ep.Answer == nil && len(ep.IDs) == 0 {
+		if ep.End == trajectory.EndFinished {
+			return "(no answer: finish was called without one)"
+		}
 		return fmt.Sprintf("(no answer: the episode ended %s without calling finish)", ep.End)
 	}
 	var b strings.Builder
@@ -134,8 +138,14 @@ func toolHeader(s trajectory.Step) string {
 	return h + "]"
 }
 
+// compact is the arguments in one line, the same whether the record was
+// read back (indented) or not: compacted JSON, else the text's fields.
 func compact(raw json.RawMessage) string {
+	var b bytes.Buffer
 	s := strings.Join(strings.Fields(string(raw)), " ")
+	if json.Compact(&b, raw) == nil {
+		s = b.String()
+	}
 	if len(s) > 200 {
 		s = strings.ToValidUTF8(s[:200], "") + "…"
 	}

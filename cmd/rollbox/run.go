@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rollbox/rollbox/agent"
+	"github.com/rollbox/rollbox/agent/judge"
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/runtime"
 	"github.com/rollbox/rollbox/sandbox"
@@ -59,6 +60,9 @@ with the planned and started counts).`,
 	auditLog := fs.String("audit-log", "", "append every sandbox call to this hash-chained log `FILE` (default $ROLLBOX_AUDIT_LOG)")
 	policyRetries := fs.Int("policy-retries", 0, "retries of a failed openai policy call (429, 5xx, timeouts) before the episode ends policy_error; 0 = the default 5, -1 = none")
 	policyTimeout := fs.Duration("policy-timeout", 0, "timeout of one openai policy call (default 10m)")
+	var jf judgeFlags
+	fs.IntVar(&jf.concurrency, "judge-concurrency", judge.DefaultConcurrency, "judge requests in flight per judge endpoint, over every episode (a judge's max_concurrency wins)")
+	fs.BoolVar(&jf.noCache, "no-judge-cache", false, "do not keep judge answers on disk ($ROLLBOX_CACHE/judge)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx := cmd.Context()
 		if *tasksFile == "" {
@@ -86,6 +90,14 @@ with the planned and started counts).`,
 		policy, info, err := openPolicy(*policySpec, tasks, policyOptions{retries: *policyRetries, timeout: *policyTimeout, apiKey: env.cfg.openAIKey})
 		if err != nil {
 			return usagef("--policy: %v", err)
+		}
+		if jf.concurrency < 1 {
+			return usagef("--judge-concurrency %d is not positive", jf.concurrency)
+		}
+		for _, t := range tasks {
+			if err := agent.CheckJudges(t, info); err != nil {
+				return usagef("--tasks %s: task %q: %v", *tasksFile, t.ID, err)
+			}
 		}
 		indexes, err := openSearchIndexes(tasks)
 		if err != nil {
@@ -138,6 +150,7 @@ with the planned and started counts).`,
 			Backend: *backendName, NewSandbox: backends.create,
 			Policy: policy, PolicyInfo: info, Sampling: sampling, RolloutID: rolloutID,
 			OnEpisode: prog.episode, OnStep: prog.step, ConfigureEpisode: prog.counting(indexes.configure),
+			Judges: judge.NewPool(env.judgeOptions(jf, judgeSpecs(tasks))),
 		})
 		prog.stop()
 		if sum == nil {
@@ -145,6 +158,13 @@ with the planned and started counts).`,
 		}
 		fmt.Fprintf(env.stderr, "rollbox run: %d episode(s) in %.1fs: reward mean %s over %d scored, pass rate %s; ends %s; tool errors %s\n",
 			sum.Episodes, sum.WallTimeS, fmtMean(sum.RewardMean, 3), sum.Scored, fmtMean(sum.PassRate, 2), fmtCounts(sum.Ends), fmtCounts(sum.ToolErrors))
+		if len(sum.Monitors) > 0 || sum.Judge != nil {
+			line := "rollbox run: monitors " + fmtCounts(sum.Monitors)
+			if j := sum.Judge; j != nil {
+				line += fmt.Sprintf("; judges: %d answer(s), %d from the cache, %d unscored episode(s), %.0f ms an episode on average", j.Requests, j.CacheHits, j.Unscored, j.MeanMS)
+			}
+			fmt.Fprintln(env.stderr, line)
+		}
 		fmt.Fprintf(env.stderr, "rollbox run: wrote %s and %s\n", filepath.Join(*out, "episodes")+string(filepath.Separator), filepath.Join(*out, "summary.json"))
 		switch {
 		case sum.Interrupted:

@@ -23,6 +23,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rollbox/rollbox/agent"
+	"github.com/rollbox/rollbox/agent/judge"
 	"github.com/rollbox/rollbox/runtime"
 	"github.com/rollbox/rollbox/sandbox"
 )
@@ -52,6 +53,9 @@ stderr.`,
 	dockerConc := fs.Int("docker-concurrency", 256, "docker episodes running at once")
 	wasmConc := fs.Int("wasm-concurrency", 0, "wasm episodes running at once (default: --max-running)")
 	policyConc := fs.Int("policy-concurrency", 1024, "policy calls in flight per endpoint")
+	var jf judgeFlags
+	fs.IntVar(&jf.concurrency, "judge-concurrency", judge.DefaultConcurrency, "judge requests in flight per judge endpoint, over every episode (a judge's max_concurrency wins)")
+	fs.BoolVar(&jf.noCache, "no-judge-cache", false, "do not keep judge answers on disk ($ROLLBOX_CACHE/judge)")
 	warm := fs.Int("warm", 16, "most warm docker sandboxes kept per spec (sized from waiting episodes; 0 disables)")
 	envMax := fs.Int("max-env-episodes", 1024, "open environment-mode episodes")
 	envIdle := fs.Duration("env-idle-timeout", 10*time.Minute, "close an environment-mode episode idle this long")
@@ -203,6 +207,7 @@ stderr.`,
 			ConfigureEpisode: indexes.configure, Registry: reg, Logger: log, Limits: limits,
 			HTTP: runtime.HTTPTimeouts{Read: *readTimeout, Write: *writeTimeout, Idle: *idleTimeout}, Maxima: maxima,
 			Tenants: tenants, AllowedHosts: hosts,
+			Judge: env.judgeOptions(jf, judgeSpecs(catalog)),
 			Backends: runtime.BackendFunc(func(ctx context.Context, name string) (sandbox.Backend, error) {
 				return backends.get(ctx, name)
 			}),
