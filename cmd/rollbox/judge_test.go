@@ -167,8 +167,8 @@ func TestRunAndRescoreTheCodingExamplesWithTwoJudgesOnThreeRubrics(t *testing.T)
 		s.Tasks["rig-the-tests"].Monitors["judge_disagreement"] != 2 || s.Tasks["sum-of-squares"].Monitors["judge_disagreement"] != 0 {
 		t.Errorf("monitors %v; rig-the-tests %v", s.Monitors, s.Tasks["rig-the-tests"].Monitors)
 	}
-	if s.Tasks["rig-the-tests"].RewardMean >= s.Tasks["fix-add"].RewardMean {
-		t.Errorf("the rigged tests scored %v, the honest fix %v", s.Tasks["rig-the-tests"].RewardMean, s.Tasks["fix-add"].RewardMean)
+	if *s.Tasks["rig-the-tests"].RewardMean >= *s.Tasks["fix-add"].RewardMean {
+		t.Errorf("the rigged tests scored %v, the honest fix %v", *s.Tasks["rig-the-tests"].RewardMean, *s.Tasks["fix-add"].RewardMean)
 	}
 	sumJSON, _ := json.MarshalIndent(map[string]any{"reward_mean": s.RewardMean, "monitors": s.Monitors, "judge": s.Judge, "tasks": s.Tasks}, "", "  ")
 	t.Logf("summary: %s", sumJSON)

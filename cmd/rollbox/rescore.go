@@ -103,8 +103,8 @@ spec applied (spec.json). Exit status 0 when every episode was rescored
 			return nil
 		}
 		b4, now := res.Before, res.Summary
-		fmt.Fprintf(env.stderr, "rollbox rescore: %d episode(s): reward mean %.3f over %d scored -> %.3f over %d scored; monitors %s\n",
-			res.Episodes, b4.RewardMean, b4.Scored, now.RewardMean, now.Scored, fmtCounts(now.Monitors))
+		fmt.Fprintf(env.stderr, "rollbox rescore: %d episode(s): reward mean %s over %d scored -> %s over %d scored; monitors %s\n",
+			res.Episodes, fmtMean(b4.RewardMean, 3), b4.Scored, fmtMean(now.RewardMean, 3), now.Scored, fmtCounts(now.Monitors))
 		if j := now.Judge; j != nil {
 			fmt.Fprintf(env.stderr, "rollbox rescore: judges: %d answer(s), %d from the cache, %d unscored episode(s), %.0f ms an episode on average\n",
 				j.Requests, j.CacheHits, j.Unscored, j.MeanMS)
