@@ -60,8 +60,8 @@ func newSelection(s Spec, workdir string) selection {
 	for p := range s.HiddenTests {
 		sel.fixed[p] = true
 	}
-	if s.Report != nil && s.Report.Path != "" {
-		sel.fixed[s.Report.Path] = true
+	for _, p := range reportPaths(s) {
+		sel.fixed[p] = true
 	}
 	return sel
 }
@@ -155,8 +155,8 @@ func planFor(s Spec, in Input, snap *snapshot) *plan {
 		pl.hidden = append(pl.hidden, sandbox.File{Path: p, Data: []byte(c), Mode: 0o644})
 		fixedFiles[p] = true
 	}
-	if s.Report != nil && s.Report.Path != "" {
-		fixedFiles[s.Report.Path] = true
+	for _, p := range reportPaths(s) {
+		fixedFiles[p] = true
 	}
 	for p := range fixedFiles {
 		for d := path.Dir(p); d != "/" && d != "."; d = path.Dir(d) {
@@ -313,6 +313,18 @@ func (e errRetry) Unwrap() error { return e.err }
 
 // pytestRe finds a pytest invocation in a shell line.
 var pytestRe = regexp.MustCompile(`(^|[\s/;&|(])(py\.test|pytest)(\s|$|[;&|)])`)
+
+// reportPaths are the files the runner's report is read from: the task's
+// alone, never taken from the agent.
+func reportPaths(s Spec) []string {
+	switch {
+	case s.Report == nil || s.Report.Path == "":
+		return nil
+	case s.Report.Format == testreport.Harbor:
+		return []string{path.Join(s.Report.Path, testreport.HarborRewardJSON), path.Join(s.Report.Path, testreport.HarborRewardText)}
+	}
+	return []string{s.Report.Path}
+}
 
 // runsPytest reports whether the verifier runs pytest for s.
 func runsPytest(s Spec) bool {
@@ -523,6 +535,28 @@ func runOnce(ctx context.Context, s Spec, in Input, pl *plan, withAgent bool, at
 	}
 	r.res = res
 	switch {
+	case s.Report != nil && s.Report.Format == testreport.Harbor:
+		// reward.json first, reward.txt when it is missing or has no reward.
+		var files [2][]byte
+		for i, name := range []string{testreport.HarborRewardJSON, testreport.HarborRewardText} {
+			p := path.Join(s.Report.Path, name)
+			data, err := sb.ReadFile(ctx, p, maxReportBytes)
+			switch {
+			case err == nil:
+				files[i] = data
+			case failed(ctx, err):
+				if sandbox.IsAbuse(err) {
+					return nil, err
+				}
+				return nil, errRetry{fmt.Errorf("read the runner's report %s: %w", p, err)}
+			}
+		}
+		if files[0] == nil && files[1] == nil {
+			r.repErr = fmt.Errorf("the test script wrote neither %s nor %s in %s (it exited early or never ran)",
+				testreport.HarborRewardJSON, testreport.HarborRewardText, s.Report.Path)
+			break
+		}
+		r.report, r.repErr = testreport.ParseHarbor(files[0], files[1])
 	case stdoutReport:
 		if res.StdoutDropped > 0 {
 			r.repErr = fmt.Errorf("the report on stdout is over %d bytes", maxReportBytes)

@@ -41,7 +41,8 @@ type Spec struct {
 	HiddenTests map[string]string `json:"hidden_tests,omitempty"`
 	// Report names the runner's report of named test results; without
 	// one the reward is the command's exit status (weaker: anything that
-	// makes the process exit 0 passes).
+	// makes the process exit 0 passes). Format harbor reads the score a
+	// Harbor test script writes (reward.json or reward.txt in Path).
 	Report *Report `json:"report,omitempty"`
 	// MustPass names the tests that must be reported passed (e.g.
 	// SWE-bench's FAIL_TO_PASS + PASS_TO_PASS); one missing from the
@@ -98,7 +99,8 @@ type Report struct {
 	// JUnit XML itself), "go-test-json" (`go test -json` events) or "tap".
 	Format string `json:"format"`
 	// Path is where the command writes the report (required for junit;
-	// for go-test-json and tap the command's stdout is read without it).
+	// for go-test-json and tap the command's stdout is read without it;
+	// for harbor the directory of reward.json and reward.txt).
 	Path string `json:"path,omitempty"`
 }
 
@@ -252,6 +254,16 @@ func (s *Spec) validateReport(field string) error {
 	case testreport.JUnit:
 		if s.Report.Path == "" {
 			return fmt.Errorf("%s.report.path: required for format junit (where the command writes the XML)", field)
+		}
+	case testreport.Harbor:
+		if s.Report.Path == "" {
+			return fmt.Errorf("%s.report.path: required for format harbor (the directory the test script writes reward.json or reward.txt to)", field)
+		}
+		if len(s.MustPass) > 0 {
+			return fmt.Errorf("%s.must_pass: format harbor names no test (the score is the reward file's)", field)
+		}
+		if s.Score == ScoreFraction {
+			return fmt.Errorf("%s.score: format harbor names no test to take a fraction of (the score is the reward file's)", field)
 		}
 	case testreport.Pytest, testreport.GoTestJSON, testreport.TAP:
 	case "":

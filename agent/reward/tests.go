@@ -200,6 +200,11 @@ func tests(ctx context.Context, s Spec, in Input) (*trajectory.Reward, error) {
 	total, details := score(s, rn, v)
 	r.Total = trajectory.Score(total)
 	r.Components["tests"] = total
+	if rn.report != nil && rn.report.Score != nil {
+		for k, x := range rn.report.Scores {
+			r.Components["harbor."+k] = x
+		}
+	}
 	r.Details = append(r.Details, details...)
 	return r, nil
 }
@@ -251,6 +256,11 @@ func score(s Spec, rn *run, v *trajectory.Verifier) (float64, []string) {
 	}
 	rep := rn.report
 	v.Report = rep.Format
+	if rep.Score != nil {
+		// The runner's own score (Harbor's reward file); its exit status
+		// does not count, as in Harbor.
+		return *rep.Score, nil
+	}
 	c := rep.Counts()
 	v.Tests = &trajectory.TestCounts{Total: c.Total, Passed: c.Passed, Failed: c.Failed, Skipped: c.Skipped}
 	if !rep.Complete {

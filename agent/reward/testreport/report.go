@@ -13,10 +13,13 @@ const (
 	Pytest     = "pytest" // pytest's own JUnit XML, asked for by the verifier
 	GoTestJSON = "go-test-json"
 	TAP        = "tap"
+	// Harbor: the reward files a Harbor (Terminal-Bench) test script
+	// writes, read from a directory (see ParseHarbor). They name no test.
+	Harbor = "harbor"
 )
 
 // Formats lists every format, for validation messages.
-var Formats = []string{JUnit, Pytest, GoTestJSON, TAP}
+var Formats = []string{JUnit, Pytest, GoTestJSON, TAP, Harbor}
 
 // Status of one test.
 type Status string
@@ -53,6 +56,11 @@ type Report struct {
 	Complete bool
 	// Problem says why the report is incomplete.
 	Problem string
+	// Score, when set, is the runner's own score (Harbor's reward): the
+	// reward is it, not a count of cases. Scores are the runner's other
+	// named numbers.
+	Score  *float64
+	Scores map[string]float64
 }
 
 // MaxCases bounds the tests one report may name.
@@ -70,6 +78,8 @@ func Parse(format string, data []byte) (*Report, error) {
 		return parseGoJSON(data)
 	case TAP:
 		return parseTAP(data)
+	case Harbor:
+		return ParseHarbor(nil, data)
 	}
 	return nil, fmt.Errorf("test report format %q is not one of %s", format, strings.Join(Formats, ", "))
 }
