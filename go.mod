@@ -3,6 +3,7 @@ module github.com/rollbox/rollbox
 go 1.26.0
 
 require (
+	github.com/BurntSushi/toml v1.5.0
 	github.com/blevesearch/bleve/v2 v2.6.3
 	github.com/blevesearch/bleve_index_api v1.4.1
 	github.com/chromedp/chromedp v0.23.0
