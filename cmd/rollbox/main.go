@@ -96,7 +96,7 @@ Docs: README.md and docs/ in the repository.`,
 	root.SetFlagErrorFunc(flagError)
 	root.AddGroup(commandGroups...)
 	for _, c := range []*cobra.Command{
-		newRunCmd(env), newReplayCmd(env), newInspectCmd(env), newExportCmd(env), newRescoreCmd(env),
+		newRunCmd(env), newReplayCmd(env), newInspectCmd(env), newExportCmd(env), newRescoreCmd(env), newTasksCmd(env),
 	} {
 		c.GroupID = "episodes"
 		root.AddCommand(c)

@@ -1,0 +1,19 @@
+"""Print the most frequent words of a text file."""
+
+import sys
+from collections import Counter
+
+
+def top_words(text, n=3):
+    counts = Counter(text.split())
+    return sorted(counts.items(), key=lambda kv: -kv[1])[:n]
+
+
+def main():
+    with open(sys.argv[1]) as f:
+        for word, count in top_words(f.read()):
+            print(word, count)
+
+
+if __name__ == "__main__":
+    main()

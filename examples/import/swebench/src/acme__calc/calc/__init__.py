@@ -1,0 +1,3 @@
+from .ops import add, mul
+
+__all__ = ["add", "mul"]
