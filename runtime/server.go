@@ -270,6 +270,7 @@ func (s *Server) routeTable() []struct {
 		{Route{"DELETE", "/v1/episodes/{id}"}, s.deleteEpisode},
 		{Route{"POST", "/v1/episodes/{id}/step"}, s.postStep},
 		{Route{"POST", "/v1/episodes/{id}/finish"}, s.postFinish},
+		{Route{"POST", "/v1/episodes/{id}/fork"}, s.postFork},
 		{Route{"GET", "/metrics"}, s.getMetrics},
 		{Route{"GET", "/healthz"}, s.getHealth},
 		{Route{"GET", "/openapi.json"}, s.getOpenAPI},

@@ -78,11 +78,14 @@ type Trajectory struct {
 	// ReplayOf is set on a replay's own trajectory: the episode it
 	// replayed. The replay has ids of its own, so it never takes the place
 	// of (or mixes with the group of) the episode it replayed.
-	ReplayOf  *ReplayOf  `json:"replay_of,omitempty"`
-	StartedAt time.Time  `json:"started_at"`
-	EndedAt   *time.Time `json:"ended_at,omitempty"`
-	Sandbox   Sandbox    `json:"sandbox"`
-	Policy    Policy     `json:"policy"`
+	ReplayOf *ReplayOf `json:"replay_of,omitempty"`
+	// ForkedFrom is set on an episode forked from another one (POST
+	// /v1/episodes/{id}/fork): its first Step steps are the parent's.
+	ForkedFrom *ForkedFrom `json:"forked_from,omitempty"`
+	StartedAt  time.Time   `json:"started_at"`
+	EndedAt    *time.Time  `json:"ended_at,omitempty"`
+	Sandbox    Sandbox     `json:"sandbox"`
+	Policy     Policy      `json:"policy"`
 	// Pinned is the nondeterminism the runtime controls, as it was set.
 	Pinned        map[string]string `json:"pinned,omitempty"`
 	Steps         []Step            `json:"steps"`
@@ -126,6 +129,14 @@ type Rescore struct {
 	At       time.Time `json:"at"`
 	// Previous is the original record's reward total (null: unscored).
 	Previous *float64 `json:"previous"`
+}
+
+// ForkedFrom names the episode a fork branched from, and where.
+type ForkedFrom struct {
+	EpisodeID string `json:"episode_id"`
+	// Step is how many of the record's steps are the parent's: the fork's
+	// own start from this index.
+	Step int `json:"step"`
 }
 
 // ReplayOf names the episode a replay replayed.

@@ -95,6 +95,15 @@ func (w *Writer) discard() {
 	os.Remove(w.final + tmpSuffix)
 }
 
+// Discard removes a record that will never end (a fork abandoned midway):
+// its journal and any half-written document.
+func (w *Writer) Discard() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.ended = true
+	w.discard()
+}
+
 // Path is the final document's path.
 func (w *Writer) Path() string { return w.final }
 
