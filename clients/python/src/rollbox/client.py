@@ -19,7 +19,7 @@ from .errors import ProtocolError, TokenDataUnavailable, TransportError
 from .tokens import Segment, segment_from_row
 from .types import Episode, Group, Policy
 
-__all__ = ["Client", "AsyncClient", "Rollout", "EpisodeStream", "__version__"]
+__all__ = ["Client", "AsyncClient", "Rollout", "EpisodeStream", "ROUTES", "__version__"]
 
 __version__ = "0.1.0"
 
@@ -27,6 +27,29 @@ T = TypeVar("T")
 
 #: Rollout states after which nothing changes.
 ENDED_STATES = frozenset({"done", "cancelled"})
+
+
+#: Every route of the service's OpenAPI document (runtime/openapi.json) and
+#: the Client method that calls it; a test holds it equal to the document.
+ROUTES: dict[tuple[str, str], str] = {
+    ("POST", "/v1/rollouts"): "submit",
+    ("GET", "/v1/rollouts"): "rollouts",
+    ("GET", "/v1/rollouts/{id}"): "status",
+    ("DELETE", "/v1/rollouts/{id}"): "cancel",
+    ("GET", "/v1/rollouts/{id}/episodes"): "episodes",
+    ("GET", "/v1/rollouts/{id}/export"): "export",
+    ("GET", "/v1/rollouts/{id}/summary"): "summary",
+    ("POST", "/v1/rollouts/{id}/policy-version"): "announce_policy_version",
+    ("POST", "/v1/policy-version"): "announce_policy_version",
+    ("POST", "/v1/episodes"): "env",
+    ("GET", "/v1/episodes/{id}"): "episode",
+    ("DELETE", "/v1/episodes/{id}"): "env",
+    ("POST", "/v1/episodes/{id}/step"): "env",
+    ("POST", "/v1/episodes/{id}/finish"): "env",
+    ("GET", "/metrics"): "metrics",
+    ("GET", "/healthz"): "health",
+    ("GET", "/openapi.json"): "openapi",
+}
 
 
 def _task_json(t: Mapping[str, Any] | str) -> dict[str, Any]:
@@ -237,6 +260,10 @@ class Client:
     def openapi(self) -> dict[str, Any]:
         """The service's OpenAPI document."""
         return self._t.json("GET", "/openapi.json")
+
+    def metrics(self) -> str:
+        """``GET /metrics``: the Prometheus text exposition."""
+        return self._t.request("GET", "/metrics").body.decode("utf-8", "replace")
 
     # rollout mode
 
