@@ -93,3 +93,21 @@ def test_many_async_environments_at_once(service) -> None:
 
     rewards = asyncio.run(main())
     assert rewards == [1.0, 0.0] * 6
+
+
+def test_fork_branches_an_open_episode(client: Client) -> None:
+    env = client.env(FILE_TASK)
+    env.reset()
+    env.step([{"name": "bash", "arguments": {"command": "echo hello > /work/out.txt"}}])
+    wrong, kept = env.fork(2)
+    assert {wrong.id, kept.id}.isdisjoint({env.id}) and wrong.id != kept.id
+    assert kept.messages == env.messages and kept.tools == env.tools
+    _, r_wrong, done, _ = wrong.step([{"name": "bash", "arguments": {"command": "echo nope > /work/out.txt"}}])
+    assert not done
+    assert wrong.finish() == 0.0
+    assert kept.finish() == 1.0   # the parent's file, forked
+    assert env.finish() == 1.0    # the parent went on, untouched by its forks
+    t = client.episode(wrong.id)
+    assert t["forked_from"]["episode_id"] == env.id
+    with pytest.raises(RuntimeError, match="open episode"):
+        env.fork(1)

@@ -46,6 +46,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("DELETE", "/v1/episodes/{id}"): "env",
     ("POST", "/v1/episodes/{id}/step"): "env",
     ("POST", "/v1/episodes/{id}/finish"): "env",
+    ("POST", "/v1/episodes/{id}/fork"): "fork",
     ("GET", "/metrics"): "metrics",
     ("GET", "/healthz"): "health",
     ("GET", "/openapi.json"): "openapi",
@@ -416,6 +417,13 @@ class Client:
 
     # environment mode
 
+    def fork(self, episode_id: str, n: int) -> list[str]:
+        """Branches an open environment episode into ``n`` new open episodes
+        that share its steps so far (each with a fork of its sandbox's files);
+        returns their ids. All or nothing. :meth:`Env.fork` gives them as
+        environments."""
+        return [str(i) for i in self._t.json("POST", f"/v1/episodes/{episode_id}/fork", json_body={"n": n}).get("ids") or []]
+
     def env(self, task: Mapping[str, Any] | str, *, backend: str | None = None, seed: int | None = None) -> Env:
         """A Gymnasium-style environment for a task (an object, or the id of one the service knows).
 
@@ -454,6 +462,9 @@ class AsyncClient:
     def env(self, task: Mapping[str, Any] | str, *, backend: str | None = None, seed: int | None = None) -> AsyncEnv:
         """An asyncio Gymnasium-style environment (``await env.reset()``, ``await env.step(...)``)."""
         return AsyncEnv(self, task, backend=backend, seed=seed)
+
+    async def fork(self, episode_id: str, n: int) -> list[str]:
+        return await self._call(self.sync.fork, episode_id, n)
 
     async def health(self) -> dict[str, Any]:
         return await self._call(self.sync.health)

@@ -152,6 +152,15 @@ class _EnvState:
         self.termination = ans.get("termination") or self.termination
         return _reward_total(self.reward)
 
+    def forked(self, episode_id: str) -> "_EnvState":
+        """The state of a fork of this episode: the same conversation so far."""
+        st = _EnvState(self.task, self.backend, self.seed)
+        st.id = episode_id
+        st.messages = [dict(m) for m in self.messages]
+        st.tools = list(self.tools)
+        st.limits = dict(self.limits)
+        return st
+
     def info(self, ans: Mapping[str, Any]) -> dict[str, Any]:
         info: dict[str, Any] = {"episode_id": self.id, "results": list(ans.get("results") or [])}
         if self.done:
@@ -245,6 +254,19 @@ class Env:
         ans = self._client._t.json("POST", f"/v1/episodes/{self._s.id}/finish", json_body=body, retry=False)
         return self._s.finished_with(ans)
 
+    def fork(self, n: int) -> list["Env"]:
+        """Branches the open episode into ``n`` environments that go on from
+        here independently (each with a fork of the sandbox's files and this
+        conversation so far); this one goes on too. All or nothing."""
+        if self._s.id is None or self._s.done:
+            raise RuntimeError("fork needs an open episode: call reset(), and fork before the end")
+        out = []
+        for eid in self._client.fork(self._s.id, n):
+            e = Env(self._client, self._s.task, backend=self._s.backend, seed=self._s.seed)
+            e._s = self._s.forked(eid)
+            out.append(e)
+        return out
+
     def trajectory(self) -> dict[str, Any]:
         """The episode's trajectory so far (or its final record)."""
         if self._s.id is None:
@@ -318,6 +340,17 @@ class AsyncEnv:
     async def _finish(self, body: dict[str, Any]) -> float | None:
         ans = await self._client._call(self._client._t.json, "POST", f"/v1/episodes/{self._s.id}/finish", json_body=body, retry=False)
         return self._s.finished_with(ans)
+
+    async def fork(self, n: int) -> list["AsyncEnv"]:
+        """See :meth:`Env.fork`."""
+        if self._s.id is None or self._s.done:
+            raise RuntimeError("fork needs an open episode: call reset(), and fork before the end")
+        out = []
+        for eid in await self._client.fork(self._s.id, n):
+            e = AsyncEnv(self._client, self._s.task, backend=self._s.backend, seed=self._s.seed)
+            e._s = self._s.forked(eid)
+            out.append(e)
+        return out
 
     async def trajectory(self) -> dict[str, Any]:
         if self._s.id is None:
