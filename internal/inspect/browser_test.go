@@ -105,8 +105,10 @@ func TestTheViewerInHeadlessChromium(t *testing.T) {
 				t.Errorf("%s: end %q, want %q", id, end, tr.Termination.Reason)
 			}
 			want := "—"
-			if tr.Reward != nil {
-				want = strings.TrimRight(strings.TrimRight(fmt.Sprintf("%.3f", *tr.Reward.Total), "0"), ".")
+			if v, ok := tr.Value(); ok {
+				want = strings.TrimRight(strings.TrimRight(fmt.Sprintf("%.3f", v), "0"), ".")
+			} else if tr.Reward != nil {
+				want = "unscored"
 			}
 			if r := eval(sel + `.querySelector(".reward-value").textContent`); r != want {
 				t.Errorf("%s: reward %q, want %q", id, r, want)
@@ -148,8 +150,26 @@ func TestTheViewerInHeadlessChromium(t *testing.T) {
 		check("tool error timeout", func(tr *trajectory.Trajectory) bool { return tr.Stats.ToolErrors["timeout"] > 0 })
 		setFilter("f-error", "")
 		setFilter("f-min", "0.5")
-		check("reward at least 0.5", func(tr *trajectory.Trajectory) bool { return tr.Reward != nil && *tr.Reward.Total >= 0.5 })
+		check("reward at least 0.5", func(tr *trajectory.Trajectory) bool { v, ok := tr.Value(); return ok && v >= 0.5 })
 		setFilter("f-min", "")
+		fired := func(name string) func(*trajectory.Trajectory) bool {
+			return func(tr *trajectory.Trajectory) bool { return tr.Monitors.Values()[name] > 0 }
+		}
+		setFilter("f-monitor", "test_tampering")
+		check("monitor test_tampering", fired("test_tampering"))
+		if !strings.Contains(eval(`location.hash`), "monitor=test_tampering") {
+			t.Errorf("the monitor filter is not in the URL: %s", eval(`location.hash`))
+		}
+		for _, id := range rows() {
+			if eval(fmt.Sprintf(`document.querySelector('li.ep[data-episode-id="%s"] [data-monitor="test_tampering"]') ? "y" : "n"`, id)) != "y" {
+				t.Errorf("%s: no test_tampering badge", id)
+			}
+		}
+		setFilter("f-monitor", "judge_disagreement")
+		check("monitor judge_disagreement", fired("judge_disagreement"))
+		setFilter("f-monitor", "any")
+		check("any monitor", func(tr *trajectory.Trajectory) bool { return len(tr.Monitors.Triggered()) > 0 })
+		setFilter("f-monitor", "")
 		if err := chromedp.Do(bctx, chromedp.Click(chromedp.CSS(`#f-end button[data-end="policy_error"]`))); err != nil {
 			t.Fatal(err)
 		}
@@ -238,6 +258,54 @@ func TestTheViewerInHeadlessChromium(t *testing.T) {
 		}
 		if n := eval(`String(document.querySelectorAll('#timeline li[data-error="nonzero_exit"]').length)`); n != "2" {
 			t.Errorf("%s failing steps highlighted, want 2", n)
+		}
+	})
+
+	t.Run("a judged episode shows each rubric, each judge's answers and its monitors", func(t *testing.T) {
+		open := func(task string) *trajectory.Trajectory {
+			t.Helper()
+			var tr *trajectory.Trajectory
+			for id, x := range trs {
+				if x.TaskID == task && strings.HasSuffix(id, ".0") {
+					tr = x
+				}
+			}
+			if err := chromedp.Do(bctx,
+				chromedp.Navigate(ts.URL+"/#/e/"+tr.EpisodeID),
+				chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(`article.episode[data-episode-id="%s"] #timeline`, tr.EpisodeID))),
+			); err != nil {
+				t.Fatal(err)
+			}
+			return tr
+		}
+		tr := open("judged")
+		want := strings.TrimRight(strings.TrimRight(fmt.Sprintf("%.3f", *tr.Reward.Total), "0"), ".")
+		if got := eval(`document.getElementById("reward-total").textContent`); got != want {
+			t.Errorf("reward %q, want %q", got, want)
+		}
+		if got := eval(`document.querySelector('#judge .component[data-rubric="correct"]').innerText`); !strings.Contains(got, "a 1") || !strings.Contains(got, "b 0.2") {
+			t.Errorf("rubric correct: %q", got)
+		}
+		if err := chromedp.Do(bctx, chromedp.Click(chromedp.CSS(`#judge details[data-judge="b"] summary`)),
+			chromedp.WaitVisible(chromedp.CSS(`#judge details[data-judge="b"] pre.output`))); err != nil {
+			t.Fatal(err)
+		}
+		if got := eval(`document.querySelector('#judge details[data-judge="b"]').innerText`); !strings.Contains(got, "Score: 2/10") || !strings.Contains(got, "2/10 → 0.2") {
+			t.Errorf("judge b's answers: %q", got)
+		}
+		if eval(`document.querySelector('#monitor-card [data-monitor="judge_disagreement"][data-fired="true"]') ? "y" : "n"`) != "y" ||
+			eval(`document.querySelector('.head [data-monitor="judge_disagreement"]') ? "y" : "n"`) != "y" {
+			t.Errorf("judge_disagreement is not shown fired: %q", eval(`document.getElementById("monitor-card").innerText`))
+		}
+		open("judge-down")
+		if got := eval(`document.getElementById("reward-total").textContent`); got != "unscored" {
+			t.Errorf("an unscored reward shows %q", got)
+		}
+		if got := eval(`document.getElementById("reward-error").innerText`); !strings.Contains(got, "judge error") || !strings.Contains(got, "never counted 0") {
+			t.Errorf("reward error: %q", got)
+		}
+		if got := eval(`document.getElementById("judge").innerText`); !strings.Contains(got, "judge down") || !strings.Contains(got, "HTTP 500") {
+			t.Errorf("judge section: %q", got)
 		}
 	})
 

@@ -14,6 +14,7 @@ import (
 	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/agent/scripted"
 	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/internal/fakejudge"
 	"github.com/rollbox/rollbox/retriever"
 	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/sandbox/wasm"
@@ -35,6 +36,11 @@ const searchCorpus = `{"id": "compress/gzip", "title": "compress/gzip", "text": 
 
 const searchTask = `{"id": "compressors", "prompt": "Which Go packages implement a compressed data format? Finish with their ids.", "retriever": {"index": "index", "context_tokens": 400}, "reward": {"type": "fbeta", "beta": 4, "relevant": ["compress/gzip", "compress/zlib", "compress/flate"], "trajectory_recall_weight": 0.2, "prune_penalty": 0.05}}`
 
+// judgedTasks are judged by two fake judges that disagree (judged) and
+// by one that is down (judge-down: unscored).
+const judgedTasks = `{"id": "judged", "prompt": "What is 2 + 2? Answer politely.", "sandbox": {"backend": "wasm"}, "tools": ["bash", "finish"], "reward": {"type": "judge", "rubrics": [{"name": "correct", "instructions": "Is the answer right?", "scale": [0, 10], "weight": 2, "sees": ["answer"]}, {"name": "tone", "instructions": "Is it polite?", "scale": [{"label": "rude", "value": 0}, {"label": "polite", "value": 1}], "sees": ["answer", "transcript"]}], "judges": [{"name": "a", "base_url": "JUDGE_A", "model": "judge-a"}, {"name": "b", "base_url": "JUDGE_B", "model": "judge-b"}]}}
+{"id": "judge-down", "prompt": "What is 2 + 2?", "sandbox": {"backend": "wasm"}, "tools": ["bash", "finish"], "reward": {"type": "judge", "rubrics": [{"name": "correct", "instructions": "Is the answer right?", "scale": [0, 10], "sees": ["answer"]}], "judges": [{"name": "a", "base_url": "JUDGE_A", "model": "judge-a"}, {"name": "down", "base_url": "JUDGE_DOWN", "model": "judge-down", "retries": 0}]}}`
+
 type scriptedTurns map[string][]agent.Turn
 
 func call(name, args string) agent.Turn {
@@ -49,7 +55,9 @@ var troubleTurns = scriptedTurns{
 		call("grep", `{"pattern": "ERROR"}`),
 		call("finish", `{"answer": "disk full"}`),
 	},
-	"gives-up": {call("bash", `{"command": "wc -l < /work/data.txt"}`)},
+	"gives-up":   {call("bash", `{"command": "wc -l < /work/data.txt"}`)},
+	"judged":     {call("finish", `{"answer": "It is 4, thank you for asking."}`)},
+	"judge-down": {call("finish", `{"answer": "4"}`)},
 	"compressors": {
 		{Content: "Search the package docs.", ToolCalls: []agent.ToolCall{{ID: "s1", Name: "search", Arguments: `{"query": "compressed data format", "k": 4}`}}},
 		{ToolCalls: []agent.ToolCall{{ID: "r1", Name: "read", Arguments: `{"id": "compress/gzip"}`}, {ID: "r2", Name: "read", Arguments: `{"id": "archive/zip"}`}}},
@@ -102,6 +110,38 @@ func makeRun() (string, error) {
 	if err != nil {
 		return "", err
 	}
+	// The judges: a answers JSON (10, "polite"), b prose (2/10, "rude"),
+	// down answers 500.
+	ja, err := fakejudge.Start(fakejudge.Config{Model: "judge-a", Behavior: func(r fakejudge.Request) fakejudge.Reply {
+		if len(r.Labels) > 0 {
+			return fakejudge.Reply{Text: `{"label": "polite", "reason": "it thanks the user"}`}
+		}
+		return fakejudge.Reply{Text: `{"score": 10, "reason": "4 is right"}`}
+	}})
+	if err != nil {
+		return "", err
+	}
+	defer ja.Close()
+	jb, err := fakejudge.Start(fakejudge.Config{Model: "judge-b", Behavior: func(r fakejudge.Request) fakejudge.Reply {
+		if len(r.Labels) > 0 {
+			return fakejudge.Reply{Text: "Too chatty.\nVerdict: polite"}
+		}
+		return fakejudge.Reply{Text: "The answer hedges.\nScore: 2/10"}
+	}})
+	if err != nil {
+		return "", err
+	}
+	defer jb.Close()
+	down, err := fakejudge.Start(fakejudge.Config{Model: "judge-down", Behavior: fakejudge.Status(500)})
+	if err != nil {
+		return "", err
+	}
+	defer down.Close()
+	judged, err := agent.ReadTasks(strings.NewReader(strings.NewReplacer("JUDGE_A", ja.URL(), "JUDGE_B", jb.URL(), "JUDGE_DOWN", down.URL()).Replace(judgedTasks)), "", nil)
+	if err != nil {
+		return "", err
+	}
+	extra = append(extra, judged...)
 	script, err := scripted.Load("../../examples/coding/policy.jsonl")
 	if err != nil {
 		return "", err
@@ -174,10 +214,10 @@ func makeRun() (string, error) {
 	var total float64
 	scored, passed := 0, 0
 	for _, tr := range trs {
-		if tr.Reward != nil {
+		if v, ok := tr.Value(); ok {
 			scored++
-			total += *tr.Reward.Total
-			if *tr.Reward.Total >= 1 {
+			total += v
+			if v >= 1 {
 				passed++
 			}
 		}

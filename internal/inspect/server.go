@@ -28,7 +28,8 @@ var webFS embed.FS
 //
 //	GET /api/episodes        the runs (each with its summary.json, if any) and one
 //	                         summary per episode; ?rollout=, task=, end=, error= (a
-//	                         tool error kind, or "none"), min_reward=, max_reward=
+//	                         tool error kind, or "none"), monitor= (a monitor that
+//	                         fired, "any" or "none"), min_reward=, max_reward=
 //	                         filter them
 //	GET /api/episodes/{id}   one trajectory document, as written
 //
@@ -82,6 +83,10 @@ type Episode struct {
 	// Truncations counts tool outputs cut for the model.
 	Truncations int `json:"truncations"`
 	Steps       int `json:"steps"`
+	// Monitors are the reward-hacking monitors that apply to the episode
+	// (a count, or 1/0 for a flag); Triggered those that fired.
+	Monitors  map[string]int `json:"monitors,omitempty"`
+	Triggered []string       `json:"triggered,omitempty"`
 }
 
 // List is the answer of GET /api/episodes.
@@ -329,6 +334,9 @@ func summarize(file string) (*Episode, error) {
 			e.Truncations++
 		}
 	}
+	if t.Monitors != nil {
+		e.Monitors, e.Triggered = t.Monitors.Values(), t.Monitors.Triggered()
+	}
 	return e, nil
 }
 
@@ -353,7 +361,11 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 			*p.dst = &f
 		}
 	}
-	rollout, task, end, kind := q.Get("rollout"), q.Get("task"), q.Get("end"), q.Get("error")
+	rollout, task, end, kind, mon := q.Get("rollout"), q.Get("task"), q.Get("end"), q.Get("error"), q.Get("monitor")
+	if mon != "" && mon != "any" && mon != "none" && !slices.Contains(trajectory.MonitorNames(), mon) {
+		apiError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("monitor %q is not any, none or one of %s", mon, strings.Join(trajectory.MonitorNames(), ", ")))
+		return
+	}
 	if end != "" && end != "running" && !slices.Contains(trajectory.EndReasons(), end) {
 		apiError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("end %q is not one of %s", end, strings.Join(trajectory.EndReasons(), ", ")))
 		return
@@ -374,6 +386,9 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 			end != "" && e.End != end,
 			kind == "none" && len(e.ToolErrors) > 0,
 			kind != "" && kind != "none" && e.ToolErrors[kind] == 0,
+			mon == "any" && len(e.Triggered) == 0,
+			mon == "none" && len(e.Triggered) > 0,
+			mon != "" && mon != "any" && mon != "none" && !slices.Contains(e.Triggered, mon),
 			minR != nil && (e.Reward == nil || *e.Reward < *minR),
 			maxR != nil && (e.Reward == nil || *e.Reward > *maxR):
 			continue

@@ -18,7 +18,7 @@ import (
 
 func TestTheRunHasEveryKindOfTroubleTheViewerShows(t *testing.T) {
 	trs := readRun(t, testRun(t))
-	if len(trs) != 18 {
+	if len(trs) != 22 {
 		t.Fatalf("%d episodes", len(trs))
 	}
 	kinds, ends := map[string]bool{}, map[string]bool{}
@@ -35,6 +35,19 @@ func TestTheRunHasEveryKindOfTroubleTheViewerShows(t *testing.T) {
 	}
 	if !ends["finished"] || !ends["policy_error"] {
 		t.Errorf("ends %v", ends)
+	}
+	fired := map[string]int{}
+	unscored := 0
+	for _, tr := range trs {
+		for _, m := range tr.Monitors.Triggered() {
+			fired[m]++
+		}
+		if tr.Reward != nil && tr.Reward.ErrorKind == trajectory.RewardJudgeError {
+			unscored++
+		}
+	}
+	if fired["test_tampering"] != 2 || fired["judge_disagreement"] != 2 || unscored != 2 {
+		t.Errorf("monitors fired %v, %d unscored by a judge", fired, unscored)
 	}
 }
 
@@ -66,7 +79,7 @@ func TestTheAPIListsAndFiltersEpisodesAndServesEachOne(t *testing.T) {
 	defer ts.Close()
 
 	all := getList(t, ts.URL, "")
-	if all.Total != 18 || len(all.Episodes) != 18 || !strings.Contains(string(all.Run), `"rollout_id"`) {
+	if all.Total != 22 || len(all.Episodes) != 22 || !strings.Contains(string(all.Run), `"rollout_id"`) {
 		t.Fatalf("list: total %d, %d episodes, run %s", all.Total, len(all.Episodes), all.Run)
 	}
 	tests := []struct {
@@ -81,6 +94,9 @@ func TestTheAPIListsAndFiltersEpisodesAndServesEachOne(t *testing.T) {
 		{"by reward range", url.Values{"min_reward": {"0.5"}, "max_reward": {"1"}}, func(e *inspect.Episode) bool {
 			return e.Reward != nil && *e.Reward >= 0.5 && *e.Reward <= 1
 		}},
+		{"by a monitor that fired", url.Values{"monitor": {"test_tampering"}}, func(e *inspect.Episode) bool { return e.Monitors["test_tampering"] > 0 }},
+		{"by any monitor", url.Values{"monitor": {"any"}}, func(e *inspect.Episode) bool { return len(e.Triggered) > 0 }},
+		{"by no monitor", url.Values{"monitor": {"none"}}, func(e *inspect.Episode) bool { return len(e.Triggered) == 0 }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -112,7 +128,7 @@ func TestTheAPIListsAndFiltersEpisodesAndServesEachOne(t *testing.T) {
 	if tr, err := trajectory.Decode(b); err != nil || tr.EpisodeID != id {
 		t.Errorf("GET one episode: %v %s", err, b[:min(len(b), 200)])
 	}
-	for _, bad := range []string{"/api/episodes/nope", "/api/episodes/..%2Fsummary", "/api/episodes?end=exploded", "/api/episodes?min_reward=high", "/nowhere"} {
+	for _, bad := range []string{"/api/episodes/nope", "/api/episodes/..%2Fsummary", "/api/episodes?end=exploded", "/api/episodes?min_reward=high", "/api/episodes?monitor=speed", "/nowhere"} {
 		resp, err := http.Get(ts.URL + bad)
 		if err != nil {
 			t.Fatal(err)

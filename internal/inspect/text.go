@@ -114,6 +114,7 @@ func Render(w io.Writer, t *trajectory.Trajectory, opts Options) {
 	}
 	p.f("\n")
 	p.end(t)
+	p.monitors(t)
 }
 
 func (p printer) model(s trajectory.Step) {
@@ -298,6 +299,59 @@ func (p printer) end(t *trajectory.Trajectory) {
 			p.block(out.String(), "    ", "│ ")
 		}
 	}
+	if j := r.Judge; j != nil {
+		score := p.c(yellow+bold, "unscored")
+		if j.Score != nil {
+			score = fmt.Sprintf("%.3f", *j.Score)
+		}
+		p.f("%s    %s  %s over judges, %d answer(s), %d cached, spread %.2f, %s\n", p.c(bold, "judges"), score, j.Aggregate, j.Calls, j.CacheHits, j.Spread, p.c(dim, dur(j.DurationMS)))
+		if j.Error != "" {
+			p.f("          %s\n", p.c(red, j.Error))
+		}
+		for _, jr := range j.Rubrics {
+			v := "  -  "
+			if jr.Score != nil {
+				v = fmt.Sprintf("%.3f", *jr.Score)
+			}
+			var by []string
+			for _, k := range slices.Sorted(maps.Keys(jr.ByJudge)) {
+				by = append(by, fmt.Sprintf("%s %.2f", k, jr.ByJudge[k]))
+			}
+			p.f("          %-22s %8s  ×%g  %s\n", jr.Name, v, jr.Weight, p.c(dim, strings.Join(by, " · ")))
+		}
+		for _, js := range j.Judges {
+			for _, rs := range js.Rubrics {
+				for i, s := range rs.Samples {
+					what := p.c(red, "failed: "+oneLine(s.Error, 120))
+					if s.Score != nil {
+						what = fmt.Sprintf("%s → %.2f  %s", s.Raw, *s.Score, p.c(dim, oneLine(s.Reason, 100)))
+					}
+					p.f("          %s/%s#%d  %s\n", js.Name, rs.Rubric, i+1, what)
+				}
+			}
+		}
+	}
+}
+
+// monitors prints the monitors that apply, fired ones in red.
+func (p printer) monitors(t *trajectory.Trajectory) {
+	v := t.Monitors.Values()
+	if len(v) == 0 {
+		return
+	}
+	var parts []string
+	for _, name := range trajectory.MonitorNames() {
+		n, ok := v[name]
+		if !ok {
+			continue
+		}
+		s := fmt.Sprintf("%s %d", name, n)
+		if n > 0 {
+			s = p.c(red+bold, s)
+		}
+		parts = append(parts, s)
+	}
+	p.f("%s  %s\n", p.c(bold, "monitors"), strings.Join(parts, " · "))
 }
 
 // block writes text indented, abbreviated to its head and tail lines; a

@@ -39,6 +39,12 @@ func TestTheTerminalViewShowsTurnsCallsTroubleAndTheReward(t *testing.T) {
 			"reward    1.000",
 		}},
 		{"gives-up", []string{"end       policy_error at step 1", "the model server went away", "reward    none (not scored)"}},
+		{"judged", []string{"reward    0.733", "judge.correct", "judges    0.733  mean over judges, 4 answer(s)", "spread 0.80",
+			"correct                   0.600  ×2  a 1.00 · b 0.20", "b/correct#1  2/10 → 0.20  The answer hedges.", "a/tone#1  polite → 1.00",
+			"monitors  judge_disagreement 1"}},
+		{"judge-down", []string{"reward    none (unscored: judge_error)", "judges    unscored", "judge down, rubric correct, sample 1: HTTP 500",
+			"down/correct#1  failed: HTTP 500"}},
+		{"rig-the-tests", []string{"monitors  test_tampering 1 · repeated_calls 0"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.task, func(t *testing.T) {

@@ -28,12 +28,16 @@ const ERROR_COLORS = {
   sandbox_abuse: ["var(--bad)", "var(--bad-soft)"],
   cancelled: ["var(--grey)", "var(--grey-soft)"],
 };
+// Reward-hacking monitors (agent/monitor), in the trajectory's order.
+const MONITORS = ["test_tampering", "single_search_exit", "one_at_a_time_pruning", "repeated_calls",
+  "judge_disagreement", "serial_collapse", "spurious_parallelism"];
+const MONITOR_COLORS = ["var(--bad)", "var(--bad-soft)"];
 const EVENT_COLORS = {
   tool_output_truncated: "var(--yellow)", context_truncated: "var(--yellow)", pruned: "var(--yellow)",
   context_overflow: "var(--bad)", prune_refused: "var(--bad)", read_refused: "var(--bad)",
 };
 
-const state = { list: null, filters: { rollout: "", task: "", min: "", max: "", error: "", ends: new Set(), text: "" }, selected: null };
+const state = { list: null, filters: { rollout: "", task: "", min: "", max: "", error: "", monitor: "", ends: new Set(), text: "" }, selected: null };
 
 // el builds an element: el("div", {class: "x", onclick: f}, child, "text", ...).
 function el(tag, attrs, ...children) {
@@ -60,6 +64,10 @@ function endBadge(reason) { return badge(reason.replace(/_/g, " "), END_COLORS[r
 function errorBadge(kind, n) {
   return el("span", { class: "badge", "--c": (ERROR_COLORS[kind] || [])[0], "--s": (ERROR_COLORS[kind] || [])[1], "data-error": kind },
     kind.replace(/_/g, " "), n > 1 ? el("span", { class: "n" }, "×" + n) : null);
+}
+function monitorBadge(name, v) {
+  return el("span", { class: "badge monitor", "--c": MONITOR_COLORS[0], "--s": MONITOR_COLORS[1], "data-monitor": name, title: "monitor " + name },
+    "⚑ " + name.replace(/_/g, " "), v > 1 ? el("span", { class: "n" }, "×" + v) : null);
 }
 function rewardColor(v) { return v === null || v === undefined ? "var(--grey)" : v >= 1 ? "var(--ok)" : v > 0 ? "var(--warn)" : "var(--bad)"; }
 function bar(v, cls, color) {
@@ -132,12 +140,19 @@ function renderFilterOptions() {
     ...runs.map(r => el("option", { value: r.rollout_id, selected: r.rollout_id === keepRun },
       r.rollout_id + " (" + r.episodes + ", mean " + fmtReward(r.reward_mean) + ")")));
   const es = state.list.episodes.filter(e => !state.filters.rollout || e.rollout_id === state.filters.rollout);
-  const tasks = {}, ends = {}, errs = {};
+  const tasks = {}, ends = {}, errs = {}, mons = {};
   for (const e of es) {
     tasks[e.task_id] = (tasks[e.task_id] || 0) + 1;
     ends[e.end] = (ends[e.end] || 0) + 1;
     for (const k of Object.keys(e.tool_errors || {})) errs[k] = (errs[k] || 0) + 1;
+    for (const m of e.triggered || []) mons[m] = (mons[m] || 0) + 1;
   }
+  const mon = document.getElementById("f-monitor");
+  const keepMon = state.filters.monitor;
+  mon.replaceChildren(el("option", { value: "" }, "any"),
+    el("option", { value: "any", selected: keepMon === "any" }, "any fired (" + es.filter(e => (e.triggered || []).length).length + ")"),
+    el("option", { value: "none", selected: keepMon === "none" }, "none fired"),
+    ...MONITORS.filter(m => mons[m] || m === keepMon).map(m => el("option", { value: m, selected: m === keepMon }, m.replace(/_/g, " ") + " (" + (mons[m] || 0) + ")")));
   const task = document.getElementById("f-task");
   const keepTask = state.filters.task;
   task.replaceChildren(el("option", { value: "" }, "all tasks (" + Object.keys(tasks).length + ")"),
@@ -168,6 +183,10 @@ function matches(e) {
   if (f.ends.size && !f.ends.has(e.end)) return false;
   if (f.error === "none" && Object.keys(e.tool_errors || {}).length) return false;
   if (f.error && f.error !== "none" && !(e.tool_errors || {})[f.error]) return false;
+  const fired = e.triggered || [];
+  if (f.monitor === "any" && !fired.length) return false;
+  if (f.monitor === "none" && fired.length) return false;
+  if (f.monitor && f.monitor !== "any" && f.monitor !== "none" && !fired.includes(f.monitor)) return false;
   if (f.min !== "" && (e.reward === null || e.reward < parseFloat(f.min))) return false;
   if (f.max !== "" && (e.reward === null || e.reward > parseFloat(f.max))) return false;
   if (f.text) {
@@ -189,12 +208,15 @@ function renderList() {
       onclick: () => openEpisode(e.id), onkeydown: ev => { if (ev.key === "Enter") openEpisode(e.id); },
     },
       el("div", { class: "ep-task" }, e.task_id, el("span", { class: "muted" }, " #" + e.group_index)),
-      el("div", { class: "ep-reward", title: "reward" }, bar(e.reward), el("span", { class: "reward-value" }, fmtReward(e.reward))),
+      el("div", { class: "ep-reward", title: e.reward_error ? "unscored: " + e.reward_error : "reward" }, bar(e.reward),
+        el("span", { class: "reward-value" }, e.reward_error ? "unscored" : fmtReward(e.reward))),
       el("div", { class: "ep-id" }, e.id),
       (state.list.runs || []).length > 1 && !state.filters.rollout ? el("div", { class: "ep-run muted mono" }, "run " + e.rollout_id) : null,
       el("div", { class: "ep-meta" },
         endBadge(e.end),
         ...errs.map(([k, n]) => errorBadge(k, n)),
+        e.reward_error ? badge(e.reward_error.replace(/_/g, " "), ERROR_COLORS.policy_error, { "data-reward-error": e.reward_error }) : null,
+        ...(e.triggered || []).map(m => monitorBadge(m, (e.monitors || {})[m])),
         e.truncations && !(e.tool_errors || {}).output_truncated ? badge("truncated ×" + e.truncations, ERROR_COLORS.output_truncated) : null,
         el("span", { class: "muted" }, count(e.turns, "turn") + " · " + count(e.tool_calls, "call") + " · " + fmtMS(e.duration_ms))),
     );
@@ -207,9 +229,9 @@ function bindFilters() {
   document.getElementById("f-run").addEventListener("input", ev => {
     f.rollout = ev.target.value; renderRun(); renderFilterOptions(); renderList(); saveHash();
   });
-  on("f-task", "task"); on("f-min", "min"); on("f-max", "max"); on("f-error", "error"); on("f-text", "text");
+  on("f-task", "task"); on("f-min", "min"); on("f-max", "max"); on("f-error", "error"); on("f-monitor", "monitor"); on("f-text", "text");
   document.getElementById("f-clear").addEventListener("click", () => {
-    Object.assign(f, { rollout: "", task: "", min: "", max: "", error: "", text: "" }); f.ends.clear();
+    Object.assign(f, { rollout: "", task: "", min: "", max: "", error: "", monitor: "", text: "" }); f.ends.clear();
     for (const id of ["f-min", "f-max", "f-text"]) document.getElementById(id).value = "";
     renderRun(); renderFilterOptions(); renderList(); saveHash();
   });
@@ -223,6 +245,7 @@ function saveHash() {
   if (f.task) q.set("task", f.task);
   if (f.ends.size) q.set("end", [...f.ends].join(","));
   if (f.error) q.set("error", f.error);
+  if (f.monitor) q.set("monitor", f.monitor);
   if (f.min !== "") q.set("min", f.min);
   if (f.max !== "") q.set("max", f.max);
   const h = "#/" + (state.selected ? "e/" + encodeURIComponent(state.selected) : "") + (q.toString() ? "?" + q : "");
@@ -234,7 +257,7 @@ function readHash() {
   const [path, query] = h.split("?");
   const q = new URLSearchParams(query || "");
   const f = state.filters;
-  f.rollout = q.get("rollout") || ""; f.task = q.get("task") || ""; f.error = q.get("error") || ""; f.min = q.get("min") || ""; f.max = q.get("max") || "";
+  f.rollout = q.get("rollout") || ""; f.task = q.get("task") || ""; f.error = q.get("error") || ""; f.monitor = q.get("monitor") || ""; f.min = q.get("min") || ""; f.max = q.get("max") || "";
   f.ends = new Set((q.get("end") || "").split(",").filter(Boolean));
   document.getElementById("f-min").value = f.min; document.getElementById("f-max").value = f.max;
   return path.startsWith("e/") ? decodeURIComponent(path.slice(2)) : null;
@@ -276,16 +299,22 @@ function renderEpisode(t) {
       el("h1", {}, t.task_id),
       el("div", { class: "id" }, t.episode_id),
       el("div", { class: "tags" }, endBadge(term.reason), ...errs.map(([k, n]) => errorBadge(k, n)),
+        ...MONITORS.filter(m => monitorValue(t.monitors, m) > 0).map(m => monitorBadge(m, monitorValue(t.monitors, m))),
         badge(sb.backend || "?"), t.policy && t.policy.kind ? badge("policy " + t.policy.kind) : null)),
     el("div", { class: "score", id: "reward" },
       el("div", { class: "label" }, "reward"),
-      el("div", { class: "value", id: "reward-total", style: { color: rewardColor(reward ? reward.total : null) } }, reward ? fmtReward(reward.total) : "not scored"),
+      el("div", { class: "value", id: "reward-total", style: { color: rewardColor(reward ? reward.total : null) } },
+        !reward ? "not scored" : reward.total === null ? "unscored" : fmtReward(reward.total)),
       bar(reward ? reward.total : 0, "big"))));
 
   const cards = el("div", { class: "cards" });
   // The reward broken down.
   const rc = el("section", { class: "card", id: "reward-card" }, el("h3", {}, "Reward"));
   if (reward) {
+    if (reward.total === null) {
+      rc.append(el("div", { class: "error-box", id: "reward-error" }, "Unscored (" + (reward.error_kind || "?").replace(/_/g, " ") +
+        "): the reward could not be computed; the episode is left out of means and advantages, never counted 0."));
+    }
     const comps = Object.entries(reward.components || {}).sort();
     for (const [k, v] of comps) {
       rc.append(el("div", { class: "component", "data-name": k }, el("span", {}, k.replace(/_/g, " ")), el("span", { class: "v" }, fmtReward(v)), bar(v)));
@@ -303,10 +332,18 @@ function renderEpisode(t) {
         v.restored && v.restored.length ? el("div", { class: "files" }, "restored: " + v.restored.join(", ")) : null,
         out ? el("details", { class: "out" }, el("summary", {}, "verifier output (" + count(lines(out), "line") + ")"), el("pre", { class: "output" }, out)) : null));
     }
+    if (reward.judge) rc.append(judgeSection(reward.judge));
+    if (reward.workspace) {
+      const w = reward.workspace;
+      rc.append(el("details", { class: "out", id: "workspace-diff" }, el("summary", {}, "workspace diff (" + count(w.files.length, "file") + ", " + w.bytes + " bytes" + (w.dropped ? ", " + w.dropped + " cut" : "") + ")"),
+        el("div", { class: "files" }, ...w.files.map(f => el("div", {}, f.status + " " + f.path))),
+        el("pre", { class: "output" }, w.diff)));
+    }
   } else {
     rc.append(el("div", { class: "muted" }, "This episode was not scored: it ended " + term.reason.replace(/_/g, " ") + ", which is not the model's doing."));
   }
   cards.append(rc);
+  if (t.monitors) cards.append(monitorCard(t.monitors));
 
   // How it ended.
   cards.append(el("section", { class: "card", id: "end-card" }, el("h3", {}, "End"),
@@ -338,6 +375,57 @@ function renderEpisode(t) {
   root.append(el("h2", { class: "section" }, "Timeline · " + count(st.turns || 0, "turn") + " · " + count(st.tool_calls || 0, "tool call")));
   root.append(renderTimeline(t));
   return root;
+}
+
+function monitorValue(ms, name) {
+  if (!ms || ms[name] === undefined) return undefined;
+  const v = ms[name];
+  return v === true ? 1 : v === false ? 0 : v;
+}
+
+// monitorCard lists the monitors that apply to the episode: fired ones
+// first, then those that stayed at 0.
+function monitorCard(ms) {
+  const c = el("section", { class: "card", id: "monitor-card" }, el("h3", {}, "Monitors"));
+  const names = MONITORS.filter(m => ms[m] !== undefined);
+  names.sort((a, b) => (monitorValue(ms, b) > 0) - (monitorValue(ms, a) > 0));
+  for (const m of names) {
+    const v = ms[m];
+    c.append(el("div", { class: "component", "data-monitor": m, "data-fired": monitorValue(ms, m) > 0 ? "true" : "false" },
+      el("span", {}, m.replace(/_/g, " ")), el("span", { class: "v", style: { color: monitorValue(ms, m) > 0 ? "var(--bad)" : "var(--ok)" } }, String(v))));
+  }
+  if (!names.length) c.append(el("div", { class: "muted" }, "none applies"));
+  return c;
+}
+
+// judgeSection shows a judge reward: each rubric's score and each judge's,
+// with every sample's answer a click away.
+function judgeSection(j) {
+  const box = el("div", { id: "judge", style: { marginTop: "10px" } },
+    el("div", { class: "tl-head" }, el("span", { class: "muted" }, "judges"), el("b", {}, j.score === null ? "unscored" : fmtReward(j.score)),
+      el("span", { class: "muted" }, j.aggregate + " over judges · " + count(j.calls, "answer") + " · " + j.cache_hits + " cached · spread " + fmtReward(j.spread) + " · " + fmtMS(j.duration_ms))));
+  if (j.error) box.append(el("div", { class: "tl-err" }, j.error));
+  for (const r of j.rubrics || []) {
+    const cut = (r.views || []).filter(v => v.dropped).map(v => v.kind + " cut " + v.dropped + " of " + v.bytes + " bytes");
+    box.append(el("div", { class: "component", "data-rubric": r.name },
+      el("span", {}, r.name + " ×" + r.weight), el("span", { class: "v" }, r.score === null ? "—" : fmtReward(r.score)), bar(r.score),
+      el("span", { class: "muted" }, Object.entries(r.by_judge || {}).map(([k, v]) => k + " " + fmtReward(v)).join(" · ") + (cut.length ? " · " + cut.join(", ") : ""))));
+  }
+  for (const js of j.judges || []) {
+    const samples = [];
+    for (const rs of js.rubrics || []) for (const [i, s] of (rs.samples || []).entries()) samples.push([rs.rubric, i, s]);
+    box.append(el("details", { class: "out", "data-judge": js.name },
+      el("summary", {}, js.name + " (" + js.model + "): " + (js.score === null ? "unscored" : fmtReward(js.score))),
+      ...samples.map(([rubric, i, s]) => el("div", { class: "sample", "data-rubric": rubric },
+        el("div", { class: "tl-head" }, el("b", {}, rubric + (samples.length > (js.rubrics || []).length ? " #" + (i + 1) : "")),
+          s.score === null ? badge("failed", ERROR_COLORS.nonzero_exit) : el("span", {}, (s.raw || "") + " → " + fmtReward(s.score)),
+          s.cached ? badge("cached") : null, s.attempts > 1 ? badge(s.attempts + " attempts", ERROR_COLORS.timeout) : null,
+          el("span", { class: "muted" }, fmtMS(s.latency_ms || 0))),
+        s.reason ? el("div", { class: "tl-text" }, s.reason) : null,
+        s.error ? el("div", { class: "tl-err" }, s.error) : null,
+        el("pre", { class: "output" }, s.text || "")))));
+  }
+  return box;
 }
 
 function renderTimeline(t) {
