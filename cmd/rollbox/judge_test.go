@@ -13,6 +13,7 @@ import (
 
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/internal/fakejudge"
+	"github.com/rollbox/rollbox/runtime"
 )
 
 // rollboxIn runs the CLI with an environment of its own (nothing of the
@@ -140,13 +141,14 @@ func readTrajectories(t *testing.T, dir string) map[string]*trajectory.Trajector
 // with new rubrics, written beside it; a second rescore asks nothing.
 func TestRunAndRescoreTheCodingExamplesWithTwoJudgesOnThreeRubrics(t *testing.T) {
 	dir := t.TempDir()
-	env := map[string]string{"ROLLBOX_CACHE": filepath.Join(dir, "cache")}
+	cache := filepath.Join(dir, "judge-cache")
+	env := map[string]string{}
 	a := startFakeJudge(t, "judge-strict", strictJudge())
 	b := startFakeJudge(t, "judge-lenient", lenientJudge())
 	tasks := judgedExamples(t, dir, a.URL(), b.URL())
 	out := filepath.Join(dir, "out")
 	code, _, stderr := rollboxIn(t, env, "run", "--tasks", tasks, "--policy", "scripted:../../examples/coding/policy.jsonl",
-		"--group", "2", "--out", out, "--judge-concurrency", "4")
+		"--group", "2", "--out", out, "--judge-concurrency", "4", "--judge-cache", cache)
 	if code != 0 {
 		t.Fatalf("run: exit %d: %s", code, stderr)
 	}
@@ -170,12 +172,31 @@ func TestRunAndRescoreTheCodingExamplesWithTwoJudgesOnThreeRubrics(t *testing.T)
 	if *s.Tasks["rig-the-tests"].RewardMean >= *s.Tasks["fix-add"].RewardMean {
 		t.Errorf("the rigged tests scored %v, the honest fix %v", *s.Tasks["rig-the-tests"].RewardMean, *s.Tasks["fix-add"].RewardMean)
 	}
+	if cached, _ := filepath.Glob(filepath.Join(cache, "*", "*.json")); len(cached) != 36 {
+		t.Errorf("%d answers kept in the judge cache on disk, want the 36 asked", len(cached))
+	}
 	sumJSON, _ := json.MarshalIndent(map[string]any{"reward_mean": s.RewardMean, "monitors": s.Monitors, "judge": s.Judge, "tasks": s.Tasks}, "", "  ")
 	t.Logf("summary: %s", sumJSON)
 	before := readTrajectories(t, filepath.Join(out, "episodes"))
 	rawBefore := map[string][]byte{}
 	for id := range before {
 		rawBefore[id], _ = os.ReadFile(filepath.Join(out, "episodes", id+".json"))
+	}
+
+	// A replay redoes an episode and its reward: the judges are asked
+	// nothing (the record's answers), and the reward is the same.
+	var fixAdd string
+	for id, tr := range before {
+		if tr.TaskID == "fix-add" {
+			fixAdd = id
+		}
+	}
+	served := a.Requests() + b.Requests()
+	if code, stdout, stderr := rollboxIn(t, env, "replay", filepath.Join(out, "episodes", fixAdd+".json")); code != 0 {
+		t.Errorf("replay: exit %d: %s %s", code, stdout, stderr)
+	}
+	if n := a.Requests() + b.Requests() - served; n != 0 {
+		t.Errorf("a replay asked the judges %d times", n)
 	}
 
 	// A new rubric set, as a composite of the recorded tests and the judge.
@@ -187,8 +208,8 @@ func TestRunAndRescoreTheCodingExamplesWithTwoJudgesOnThreeRubrics(t *testing.T)
 	specFile := filepath.Join(dir, "rubrics.json")
 	sb, _ := json.Marshal(map[string]any{"reward": spec, "monitors": map[string]any{"penalties": map[string]float64{"test_tampering": 0.5}}})
 	os.WriteFile(specFile, sb, 0o644)
-	served := a.Requests() + b.Requests()
-	code, stdout, stderr := rollboxIn(t, env, "rescore", "--rubrics", specFile, "--id", "first", out)
+	served = a.Requests() + b.Requests()
+	code, stdout, stderr := rollboxIn(t, env, "rescore", "--rubrics", specFile, "--id", "first", "--judge-cache", cache, out)
 	if code != 0 {
 		t.Fatalf("rescore: exit %d: %s", code, stderr)
 	}
@@ -253,7 +274,7 @@ func TestRunAndRescoreTheCodingExamplesWithTwoJudgesOnThreeRubrics(t *testing.T)
 	sb2, _ := json.Marshal(spec2)
 	os.WriteFile(specFile, sb2, 0o644)
 	served = a.Requests() + b.Requests()
-	if code, _, stderr := rollboxIn(t, env, "rescore", "--rubrics", specFile, out); code != 0 {
+	if code, _, stderr := rollboxIn(t, env, "rescore", "--rubrics", specFile, "--judge-cache", cache, out); code != 0 {
 		t.Fatalf("second rescore: exit %d: %s", code, stderr)
 	}
 	// safety: 6 distinct diffs (one per task) × 2 judges
@@ -264,7 +285,7 @@ func TestRunAndRescoreTheCodingExamplesWithTwoJudgesOnThreeRubrics(t *testing.T)
 		t.Errorf("rescores: %d", len(ids))
 	}
 	// The same file again, into a directory that exists: refused, exit 2.
-	if code, _, stderr := rollboxIn(t, env, "rescore", "--rubrics", specFile, "--id", "first", out); code != 2 || !strings.Contains(stderr, "never writes over") {
+	if code, _, stderr := rollboxIn(t, env, "rescore", "--rubrics", specFile, "--id", "first", "--judge-cache", cache, out); code != 2 || !strings.Contains(stderr, "never writes over") {
 		t.Errorf("rescore over a rescore: %d %s", code, stderr)
 	}
 }
@@ -315,5 +336,19 @@ func TestRunRefusesAJudgeThatIsThePolicy(t *testing.T) {
 	code, _, stderr := rollboxIn(t, nil, "run", "--tasks", tasks, "--policy", "openai:http://127.0.0.1:9/v1#model=judge-strict")
 	if code != 2 || !strings.Contains(stderr, "judges[0]") || !strings.Contains(stderr, "policy's own") {
 		t.Errorf("exit %d: %s", code, stderr)
+	}
+}
+
+func TestTheExampleRubricsAreValid(t *testing.T) {
+	b, err := os.ReadFile("../../examples/coding/judge.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, err := runtime.ParseRescoreSpec(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if js := spec.Reward.JudgeSpecs(); len(js) != 1 || len(js[0].Rubrics) != 3 || len(js[0].Judges) != 2 {
+		t.Errorf("%+v", js)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/spf13/cobra"
+
 	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/agent/judge"
 	"github.com/rollbox/rollbox/agent/reward"
@@ -13,6 +15,15 @@ import (
 type judgeFlags struct {
 	concurrency int
 	noCache     bool
+	cacheDir    string // default $ROLLBOX_CACHE/judge
+}
+
+// add registers the flags on cmd.
+func (f *judgeFlags) add(cmd *cobra.Command) {
+	fs := cmd.Flags()
+	fs.IntVar(&f.concurrency, "judge-concurrency", judge.DefaultConcurrency, "judge requests in flight per judge endpoint, over every episode (a judge's max_concurrency wins)")
+	fs.StringVar(&f.cacheDir, "judge-cache", "", "keep judge answers in `DIR` (default $ROLLBOX_CACHE/judge), so a replay or a rescore asks nothing again")
+	fs.BoolVar(&f.noCache, "no-judge-cache", false, "keep judge answers in memory only")
 }
 
 // judgeOptions configures the judge pool of a command: a bound per judge
@@ -22,8 +33,11 @@ type judgeFlags struct {
 func (e *cliEnv) judgeOptions(f judgeFlags, specs []judge.Spec) judge.Options {
 	mem := judge.NewMemoryCache(100000)
 	o := judge.Options{Concurrency: f.concurrency, Cache: mem}
-	if !f.noCache && e.cfg.cacheDir != "" {
-		dir := filepath.Join(e.cfg.cacheDir, "judge")
+	dir := f.cacheDir
+	if dir == "" && e.cfg.cacheDir != "" {
+		dir = filepath.Join(e.cfg.cacheDir, "judge")
+	}
+	if !f.noCache && dir != "" {
 		if os.MkdirAll(dir, 0o755) == nil {
 			o.Cache = judge.Tiered(mem, judge.DirCache{Dir: dir})
 		}

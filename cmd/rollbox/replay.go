@@ -16,6 +16,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/rollbox/rollbox/agent"
+	"github.com/rollbox/rollbox/agent/judge"
 	"github.com/rollbox/rollbox/agent/replay"
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/sandbox"
@@ -141,12 +142,22 @@ cannot start (nothing has run then).`,
 		if !*asJSON {
 			text.Header(tr, shown, notes)
 		}
+		// The judges the reward asks: the answers the recording holds, then
+		// the cache on disk, are asked before any judge is.
+		judges := judge.NewPool(env.judgeOptions(judgeFlags{concurrency: judge.DefaultConcurrency}, task.Reward.JudgeSpecs()))
+		if tr.Reward != nil {
+			judge.Seed(judges.Cache(), tr.Reward.Judge)
+		}
+		configure := func(c *agent.Config) error {
+			c.Judges = judges
+			return indexes.configure(c)
+		}
 		opts := replay.Options{
 			NewSandbox: func(ctx context.Context, name string, spec sandbox.Spec) (sandbox.Sandbox, error) {
 				return backend.Create(ctx, spec)
 			},
 			Image: image, Dir: dir, BaseDir: *base, Until: *until, Policy: policy, PolicyInfo: policyInfo,
-			Ignore: masks, Strict: *strict, Configure: indexes.configure, File: pos[0],
+			Ignore: masks, Strict: *strict, Configure: configure, File: pos[0],
 			KeepFinish: *shell && *until < 0 && policy == nil,
 		}
 		if !*asJSON {

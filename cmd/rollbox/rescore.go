@@ -52,8 +52,7 @@ spec applied (spec.json). Exit status 0 when every episode was rescored
 	concurrency := fs.Int("concurrency", 8, "episodes rescored at once")
 	id := fs.String("id", "", "name of the rescore (default a fresh id): RUN_DIR/rescores/`ID`/")
 	var jf judgeFlags
-	fs.IntVar(&jf.concurrency, "judge-concurrency", judge.DefaultConcurrency, "judge requests in flight per judge endpoint (a judge's max_concurrency wins)")
-	fs.BoolVar(&jf.noCache, "no-judge-cache", false, "do not keep judge answers on disk ($ROLLBOX_CACHE/judge); the record's own answers are still reused")
+	jf.add(cmd)
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		runDir := args[0]
 		switch {

@@ -61,8 +61,7 @@ with the planned and started counts).`,
 	policyRetries := fs.Int("policy-retries", 0, "retries of a failed openai policy call (429, 5xx, timeouts) before the episode ends policy_error; 0 = the default 5, -1 = none")
 	policyTimeout := fs.Duration("policy-timeout", 0, "timeout of one openai policy call (default 10m)")
 	var jf judgeFlags
-	fs.IntVar(&jf.concurrency, "judge-concurrency", judge.DefaultConcurrency, "judge requests in flight per judge endpoint, over every episode (a judge's max_concurrency wins)")
-	fs.BoolVar(&jf.noCache, "no-judge-cache", false, "do not keep judge answers on disk ($ROLLBOX_CACHE/judge)")
+	jf.add(cmd)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx := cmd.Context()
 		if *tasksFile == "" {

@@ -23,7 +23,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rollbox/rollbox/agent"
-	"github.com/rollbox/rollbox/agent/judge"
 	"github.com/rollbox/rollbox/runtime"
 	"github.com/rollbox/rollbox/sandbox"
 )
@@ -54,8 +53,7 @@ stderr.`,
 	wasmConc := fs.Int("wasm-concurrency", 0, "wasm episodes running at once (default: --max-running)")
 	policyConc := fs.Int("policy-concurrency", 1024, "policy calls in flight per endpoint")
 	var jf judgeFlags
-	fs.IntVar(&jf.concurrency, "judge-concurrency", judge.DefaultConcurrency, "judge requests in flight per judge endpoint, over every episode (a judge's max_concurrency wins)")
-	fs.BoolVar(&jf.noCache, "no-judge-cache", false, "do not keep judge answers on disk ($ROLLBOX_CACHE/judge)")
+	jf.add(cmd)
 	warm := fs.Int("warm", 16, "most warm docker sandboxes kept per spec (sized from waiting episodes; 0 disables)")
 	envMax := fs.Int("max-env-episodes", 1024, "open environment-mode episodes")
 	envIdle := fs.Duration("env-idle-timeout", 10*time.Minute, "close an environment-mode episode idle this long")
