@@ -100,8 +100,13 @@ func TestARolloutsJudgedEpisodesAndMonitorsReachTheStreamSummaryAndMetrics(t *te
 		sum.Judge == nil || sum.Judge.Episodes != 4 || sum.Judge.Unscored != 1 || sum.Tasks["j"].Monitors["repeated_calls"] != 4 {
 		t.Errorf("summary %+v judge %+v", sum, sum.Judge)
 	}
-	if st := s.status(id); st.RewardMean == nil || *st.RewardMean != 0.75 {
-		t.Errorf("status reward mean %v", st.RewardMean)
+	var st struct {
+		RewardMean *float64       `json:"reward_mean"`
+		Monitors   map[string]int `json:"monitors"`
+	}
+	s.do("GET", "/v1/rollouts/"+id, nil, &st)
+	if st.RewardMean == nil || *st.RewardMean != 0.75 || st.Monitors["repeated_calls"] != 4 || st.Monitors["judge_disagreement"] != 3 {
+		t.Errorf("status reward mean %v monitors %v", st.RewardMean, st.Monitors)
 	}
 	m := s.metrics()
 	for _, want := range []string{

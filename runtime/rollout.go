@@ -66,7 +66,8 @@ type rollout struct {
 	rewardSum float64
 	ends      map[string]int
 	toolErrs  map[string]int
-	changed   chan struct{} // closed and replaced on every change
+	monitors  map[string]int // monitor → episodes that triggered it
+	changed   chan struct{}  // closed and replaced on every change
 	// versions are the policy versions announced to the rollout, oldest
 	// first; maxStaleness is its max_staleness (-1: none); versionTurns
 	// counts the model turns of ended episodes by version.
@@ -96,7 +97,7 @@ type groupState struct {
 
 func newRollout(rec *rolloutRecord) *rollout {
 	return &rollout{rec: rec, id: rec.ID, byID: map[string]*episodeState{}, groups: map[string]*groupState{},
-		ends: map[string]int{}, toolErrs: map[string]int{}, changed: make(chan struct{}), maxStaleness: -1, versionTurns: map[string]int{}}
+		ends: map[string]int{}, toolErrs: map[string]int{}, monitors: map[string]int{}, changed: make(chan struct{}), maxStaleness: -1, versionTurns: map[string]int{}}
 }
 
 // addEpisode registers an episode (under construction: no lock).
@@ -131,6 +132,9 @@ func (r *rollout) endLocked(e *episodeState) (rolloutEnded bool) {
 	}
 	for k, v := range rec.ToolErrors {
 		r.toolErrs[k] += v
+	}
+	for _, m := range rec.Monitors {
+		r.monitors[m]++
 	}
 	g := e.group
 	g.ended++
@@ -188,6 +192,7 @@ type RolloutStatus struct {
 	RewardMean      *float64       `json:"reward_mean"`
 	Ends            map[string]int `json:"ends"`
 	ToolErrors      map[string]int `json:"tool_errors"`
+	Monitors        map[string]int `json:"monitors"` // monitor → ended episodes that triggered it
 	InfraRetries    int            `json:"infra_retries"`
 	Backend         string         `json:"backend"`
 	Policy          PolicyStatus   `json:"policy"`
@@ -221,7 +226,7 @@ func (r *rollout) status() RolloutStatus {
 	rec := r.rec
 	st := RolloutStatus{ID: r.id, State: rec.State, EpisodesTotal: len(r.episodes), EpisodesDone: len(r.finished),
 		EpisodesRunning: r.running, GroupSize: rec.GroupSize, GroupsTotal: len(r.groups),
-		Scored: r.scored, Ends: copyCounts(r.ends), ToolErrors: copyCounts(r.toolErrs), InfraRetries: rec.InfraRetries,
+		Scored: r.scored, Ends: copyCounts(r.ends), ToolErrors: copyCounts(r.toolErrs), Monitors: copyCounts(r.monitors), InfraRetries: rec.InfraRetries,
 		Backend: rec.Backend, CreatedAt: rec.CreatedAt, EndedAt: rec.EndedAt, Message: rec.Message,
 		Policy: PolicyStatus{BaseURL: rec.Policy.Endpoint, Model: rec.Policy.Model, Sampling: rec.Policy.Sampling, Mode: rec.Policy.Mode, Tokenizer: rec.Policy.Tokenizer}}
 	r.versionStatusLocked(&st)
