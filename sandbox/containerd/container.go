@@ -221,6 +221,13 @@ func (b *Backend) remove(c *Container) error {
 func (b *Backend) removeOnce(ctx context.Context, c *Container) error {
 	var errs []error
 	if c.task != nil {
+		if c.exit == nil {
+			// A task loaded from the store (gc): wait before the kill, so
+			// the delete below never races the exit.
+			if ch, err := c.task.Wait(context.WithoutCancel(ctx)); err == nil {
+				c.exit = ch
+			}
+		}
 		if err := c.task.Kill(ctx, syscall.SIGKILL, client.WithKillAll); err != nil && !isNotFound(err) && !isNotRunning(err) {
 			errs = append(errs, fmt.Errorf("kill: %w", err))
 		}
