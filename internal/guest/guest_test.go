@@ -27,11 +27,22 @@ type harness struct {
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
+	return newGuardedHarness(t, 0, nil)
+}
+
+// newGuardedHarness is newHarness with the memory guard on at limit bytes,
+// sampling usage (the sandbox's sysinfo(2) would be the host's here).
+func newGuardedHarness(t *testing.T, limit int64, usage func() int64) *harness {
+	t.Helper()
 	hostR, guestW := io.Pipe()
 	guestR, hostW := io.Pipe()
 	done := make(chan error, 1)
+	s := newServer(guestW, io.Discard)
+	if usage != nil {
+		s.usage = usage
+	}
 	go func() {
-		done <- Serve(guestR, guestW, io.Discard)
+		done <- s.serve(guestR)
 		guestW.Close()
 	}()
 	root := t.TempDir()
@@ -43,7 +54,7 @@ func newHarness(t *testing.T) *harness {
 		}
 	}
 	t.Cleanup(h.stop)
-	if _, err := h.c.Call(context.Background(), guestproto.TypeHello, &guestproto.Hello{Version: 1, WritableRoots: []string{root}}); err != nil {
+	if _, err := h.c.Call(context.Background(), guestproto.TypeHello, &guestproto.Hello{Version: 1, WritableRoots: []string{root}, MemoryGuardBytes: limit}); err != nil {
 		t.Fatal(err)
 	}
 	return h

@@ -40,6 +40,11 @@ type Server struct {
 	guardStarted bool
 	running      map[uint32]context.CancelFunc // exec id -> cancel
 
+	// usage is the memory guard's sample of the sandbox's memory use
+	// (memUsed; tests on the host give their own).
+	usage     func() int64
+	guardWake chan struct{} // a guarded command started or ended
+
 	guardMu sync.Mutex
 	guarded map[*command]bool
 }
@@ -48,8 +53,12 @@ type Server struct {
 // command still running and returns. Logs go to logw (the container's
 // stderr), never to w.
 func Serve(r io.Reader, w io.Writer, logw io.Writer) error {
+	return newServer(w, logw).serve(r)
+}
+
+func newServer(w io.Writer, logw io.Writer) *Server {
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Server{
+	return &Server{
 		ctx: ctx, cancel: cancel,
 		w:       guestproto.NewWriter(w),
 		log:     log.New(logw, "guest: ", log.Lmicroseconds),
@@ -58,7 +67,13 @@ func Serve(r io.Reader, w io.Writer, logw io.Writer) error {
 		running: map[uint32]context.CancelFunc{},
 		guarded: map[*command]bool{},
 		slots:   make(chan struct{}, requestSlots),
+		usage:   memUsed,
+
+		guardWake: make(chan struct{}, 1),
 	}
+}
+
+func (s *Server) serve(r io.Reader) error {
 	rd := guestproto.NewReader(r)
 	var err error
 	for {
@@ -69,7 +84,7 @@ func Serve(r io.Reader, w io.Writer, logw io.Writer) error {
 		}
 		s.dispatch(m)
 	}
-	cancel() // kills running commands
+	s.cancel() // kills running commands
 	s.wg.Wait()
 	if errors.Is(err, io.EOF) {
 		return nil
@@ -236,7 +251,7 @@ func (s *Server) hello(id uint32, h *guestproto.Hello) {
 	}
 	if startGuard {
 		s.wg.Add(1)
-		go func() { defer s.wg.Done(); s.guardLoop(h.MemoryGuardBytes) }()
+		go func() { defer s.wg.Done(); s.guardLoop(h.MemoryGuardBytes, s.usage) }()
 	}
 	s.reply(id, guestproto.TypeHelloReply, &guestproto.HelloReply{
 		Version: int(guestproto.Version), Agent: AgentVersion, PID: os.Getpid(), OOMSource: source,
