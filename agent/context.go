@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/retriever"
@@ -110,29 +109,4 @@ func (s *Session) fitContextLocked(ctx context.Context) error {
 		return s.failRecord(err)
 	}
 	return fmt.Errorf("context of %d tokens exceeds max_context_tokens %d", n, limit)
-}
-
-// Truncate cuts text to limit bytes for the model: the head and the tail
-// with a marker between them saying how much was left out. It cuts on rune
-// boundaries and makes the text valid UTF-8. dropped counts the bytes of
-// text not shown.
-func Truncate(text string, limit int) (string, int64) {
-	text = strings.ToValidUTF8(text, "\uFFFD")
-	if limit <= 0 || len(text) <= limit {
-		return text, 0
-	}
-	dropped := len(text) - limit
-	marker := fmt.Sprintf("\n[... output truncated: %d bytes omitted ...]\n", dropped)
-	budget := max(limit-len(marker), 2)
-	head := budget - budget/2
-	tail := budget / 2
-	for head > 0 && !utf8.RuneStart(text[head]) {
-		head--
-	}
-	t := len(text) - tail
-	for t < len(text) && !utf8.RuneStart(text[t]) {
-		t++
-	}
-	shown := text[:head] + text[t:]
-	return text[:head] + marker + text[t:], int64(len(text) - len(shown))
 }

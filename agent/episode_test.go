@@ -386,3 +386,44 @@ func TestAnEpisodeStoppedWithACauseEndsForItsReasonWhereverItIs(t *testing.T) {
 		})
 	}
 }
+
+func TestBytesDroppedIsTheOutputTheModelDidNotSeeAndTheMarkersSayIt(t *testing.T) {
+	task := loadTask(t, strings.Replace(calcTask, `"max_turns": 6`, `"max_turns": 6, "max_tool_output_bytes": 1000, "max_stored_output_bytes": 4000`, 1))
+	tr := runEpisode(t, task, &turnsPolicy{turns: []agent.Turn{
+		calls("bash", `{"command": "seq 1 2000; seq 1 300 >&2; exit 3"}`),
+		calls("bash", `{"command": "seq 1 2000"}`),
+		calls("finish", `{}`),
+	}})
+	seqBytes := func(n int) int64 {
+		total := int64(0)
+		for i := 1; i <= n; i++ {
+			total += int64(len(strconv.Itoa(i)) + 1)
+		}
+		return total
+	}
+	for i, want := range []struct {
+		output int64
+		notes  []string
+	}{
+		{seqBytes(2000) + seqBytes(300), []string{"[stderr]\n", "[exit code 3]\n"}},
+		{seqBytes(2000), nil},
+	} {
+		s := toolSteps(tr)[i]
+		shown := s.Output
+		told := int64(0)
+		for _, m := range markerNumbers.FindAllStringSubmatch(s.Output, -1) {
+			n, _ := strconv.ParseInt(m[1]+m[2], 10, 64)
+			told += n
+			shown = strings.Replace(shown, m[0], "", 1)
+		}
+		for _, n := range want.notes {
+			shown = strings.Replace(shown, n, "", 1)
+		}
+		if !s.Truncated || told != s.BytesDropped {
+			t.Errorf("step %d: truncated %v, the model is told %d bytes, bytes_dropped %d: %q", i, s.Truncated, told, s.BytesDropped, s.Output)
+		}
+		if unseen := want.output - int64(len(shown)); s.BytesDropped != unseen {
+			t.Errorf("step %d: bytes_dropped %d, but %d of the %d bytes of output were not shown", i, s.BytesDropped, unseen, want.output)
+		}
+	}
+}

@@ -361,9 +361,10 @@ func (s *Session) runCall(ctx context.Context, call ToolCall) (ToolOutcome, erro
 			res.ErrorKind, res.Err = tools.KindCancelled, ctxMessage(ctx, cerr)
 		}
 	}
-	text, dropped := Truncate(res.Text, s.task.Limits.MaxToolOutputBytes)
-	step.Output, step.Truncated = text, dropped > 0
-	step.BytesDropped = dropped + res.StdoutDropped + res.StderrDropped
+	cut := CutText(res.Text, res.Notes, s.task.Limits.MaxToolOutputBytes)
+	text, dropped := cut.Text, cut.Omitted
+	step.Output, step.Truncated = text, cut.Truncated
+	step.BytesDropped = cut.Unseen
 	step.ExitCode, step.Signal, step.TimedOut, step.OOMKilled = res.ExitCode, res.Signal, res.TimedOut, res.OOMKilled
 	step.Files = res.Files
 	if res.Stdout != nil || res.Stderr != nil {
@@ -389,7 +390,7 @@ func (s *Session) runCall(ctx context.Context, call ToolCall) (ToolOutcome, erro
 	var events []trajectory.ContextEvent
 	if step.Truncated {
 		events = append(events, trajectory.ContextEvent{Step: recorded.Index, Kind: "tool_output_truncated",
-			Detail: fmt.Sprintf("%s output cut to %d bytes for the model; %d bytes not shown", call.Name, s.task.Limits.MaxToolOutputBytes, dropped)})
+			Detail: fmt.Sprintf("%s output cut to %d bytes for the model; %d bytes of output omitted", call.Name, s.task.Limits.MaxToolOutputBytes, dropped)})
 	}
 	for _, e := range res.Events {
 		events = append(events, trajectory.ContextEvent{Step: recorded.Index, Kind: e.Kind, Detail: e.Detail, IDs: e.IDs, Tokens: e.Tokens})

@@ -163,7 +163,10 @@ func (ReadFile) Run(ctx context.Context, env *Env, args map[string]any) (Result,
 	}
 	hi = min(hi, len(lines))
 	text := strings.Join(lines[lo-1:hi], "")
-	return Result{Text: fmt.Sprintf("[%s lines %d-%d of %d]\n%s", p, lo, hi, len(lines), text), Stdout: []byte(text)}, nil
+	var b annotated
+	b.note(fmt.Sprintf("[%s lines %d-%d of %d]\n", p, lo, hi, len(lines)), 0)
+	b.output([]byte(text))
+	return Result{Text: b.String(), Notes: b.notes, Stdout: []byte(text)}, nil
 }
 
 // WriteFile creates or replaces a file.

@@ -1,7 +1,6 @@
 package tools
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -82,7 +81,12 @@ type Finish struct {
 // Result is what a call did. Text is the tool's whole textual answer, before
 // the agent loop cuts it to the model's budget.
 type Result struct {
-	Text      string
+	Text string
+	// Notes are the spans of Text that are the tool's own words, not the
+	// output (a command's stdout and stderr; for other tools the whole
+	// text is output): headers, status lines, and the markers where a
+	// cap dropped output. Sorted, not overlapping.
+	Notes     []Note
 	ErrorKind ErrorKind // "" or one of ErrorKinds
 	Err       string    // a short description when ErrorKind is set
 	ExitCode  *int
@@ -98,6 +102,16 @@ type Result struct {
 	Files map[string]string
 	// Events are context events the tool caused (retrieval tools).
 	Events []Event
+}
+
+// Note is a span Text[Start:End] of a Result's text that is not output.
+// Stands is how many bytes of output it stands for: a cap's marker stands
+// for the bytes the cap dropped, anything else for none. The agent loop
+// counts a step's bytes_dropped from them: the output's bytes the model did
+// not see.
+type Note struct {
+	Start, End int
+	Stands     int64
 }
 
 // Event is a context event a tool reports to the loop.
@@ -288,65 +302,85 @@ func Select(names []string, extra map[string]Tool) (*Registry, error) {
 
 // execResult turns a command's Result into a tool Result, with a text the
 // model reads: stdout, then stderr under a marker, then the exit status.
+// Everything but the streams' bytes is a Note.
 func execResult(res sandbox.Result, timeout time.Duration) Result {
 	code := res.ExitCode
 	out := Result{
 		ExitCode: &code, Signal: res.Signal, TimedOut: res.TimedOut, OOMKilled: res.OOMKilled,
 		Stdout: res.Stdout, Stderr: res.Stderr, StdoutDropped: res.StdoutDropped, StderrDropped: res.StderrDropped,
 	}
-	var b bytes.Buffer
-	writeStream(&b, res.Stdout, res.StdoutDropped)
+	var b annotated
+	b.stream(res.Stdout, res.StdoutDropped)
 	if len(res.Stderr) > 0 || res.StderrDropped > 0 {
-		if b.Len() > 0 && !bytes.HasSuffix(b.Bytes(), []byte("\n")) {
-			b.WriteByte('\n')
-		}
-		b.WriteString("[stderr]\n")
-		writeStream(&b, res.Stderr, res.StderrDropped)
+		b.endLine()
+		b.note("[stderr]\n", 0)
+		b.stream(res.Stderr, res.StderrDropped)
 	}
-	if b.Len() > 0 && !bytes.HasSuffix(b.Bytes(), []byte("\n")) {
-		b.WriteByte('\n')
-	}
+	b.endLine()
 	switch {
 	case res.IdleTimedOut:
 		out.ErrorKind = KindTimeout
 		out.Err = "the command printed nothing for too long and was stopped"
-		fmt.Fprintf(&b, "[stopped: no output for too long; the command and its children were killed]\n")
+		b.note("[stopped: no output for too long; the command and its children were killed]\n", 0)
 	case res.TimedOut:
 		out.ErrorKind = KindTimeout
 		out.Err = fmt.Sprintf("timed out after %v", timeout)
-		fmt.Fprintf(&b, "[timed out after %v; the command and its children were killed]\n", timeout)
+		b.note(fmt.Sprintf("[timed out after %v; the command and its children were killed]\n", timeout), 0)
 	case res.OOMKilled:
 		out.ErrorKind = KindOOM
 		out.Err = "killed: out of memory"
-		b.WriteString("[killed: out of memory]\n")
+		b.note("[killed: out of memory]\n", 0)
 	case res.ExitCode != 0:
 		out.ErrorKind = KindNonzeroExit
 		out.Err = fmt.Sprintf("exit code %d", res.ExitCode)
 		if res.Signal != "" {
-			fmt.Fprintf(&b, "[exit code %d, killed by %s]\n", res.ExitCode, res.Signal)
+			b.note(fmt.Sprintf("[exit code %d, killed by %s]\n", res.ExitCode, res.Signal), 0)
 		} else {
-			fmt.Fprintf(&b, "[exit code %d]\n", res.ExitCode)
+			b.note(fmt.Sprintf("[exit code %d]\n", res.ExitCode), 0)
 		}
 	}
 	if res.Trap != "" {
-		fmt.Fprintf(&b, "[trap: %s]\n", res.Trap)
+		b.note(fmt.Sprintf("[trap: %s]\n", res.Trap), 0)
 	}
-	out.Text = b.String()
+	out.Text, out.Notes = b.String(), b.notes
 	return out
 }
 
-// writeStream writes a capped stream, marking where the cap cut it.
-func writeStream(b *bytes.Buffer, data []byte, dropped int64) {
-	if dropped == 0 {
-		b.Write(data)
+// annotated builds a Result's Text from output and notes.
+type annotated struct {
+	strings.Builder
+	notes []Note
+}
+
+// output appends bytes of the output.
+func (a *annotated) output(p []byte) { a.Write(p) }
+
+// note appends the tool's own words, standing for stands bytes of output.
+func (a *annotated) note(s string, stands int64) {
+	if s == "" && stands == 0 {
 		return
 	}
-	cap := len(data)
-	head := cap - cap/2
-	if head > len(data) {
-		head = len(data)
+	start := a.Len()
+	a.WriteString(s)
+	a.notes = append(a.notes, Note{Start: start, End: a.Len(), Stands: stands})
+}
+
+// endLine ends the text's last line, if it has one that is open.
+func (a *annotated) endLine() {
+	if s := a.String(); s != "" && !strings.HasSuffix(s, "\n") {
+		a.note("\n", 0)
 	}
-	b.Write(data[:head])
-	fmt.Fprintf(b, "\n[... %d bytes dropped ...]\n", dropped)
-	b.Write(data[head:])
+}
+
+// stream appends a capped stream (its kept head and tail), marking where
+// the cap cut it.
+func (a *annotated) stream(data []byte, dropped int64) {
+	if dropped == 0 {
+		a.output(data)
+		return
+	}
+	head := min(len(data)-len(data)/2, len(data))
+	a.output(data[:head])
+	a.note(fmt.Sprintf("\n[... %d bytes dropped ...]\n", dropped), dropped)
+	a.output(data[head:])
 }

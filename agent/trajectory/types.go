@@ -323,7 +323,9 @@ type Step struct {
 	// Output is exactly what the model saw.
 	Output string `json:"output"`
 	// Truncated says Output was cut to the task's cap; BytesDropped counts
-	// the bytes of the full output the model did not see.
+	// the bytes of the command's output (or the tool's text) the model did
+	// not see, whether the sandbox's cap or the model's cut left them out;
+	// the numbers in the markers Output shows add up to it.
 	Truncated    bool  `json:"truncated"`
 	BytesDropped int64 `json:"bytes_dropped"`
 	// Stdout and Stderr are the full streams, lossless, up to the storage
