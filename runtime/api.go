@@ -225,7 +225,19 @@ type RolloutRequest struct {
 	// more than this many newer versions were announced after the version
 	// of its first turn.
 	MaxStaleness *int `json:"max_staleness,omitempty"`
+	// Schedule is the order episodes start in: "groups" (the default when
+	// group_size > 1) starts a group's episodes together and only as many
+	// groups as the policy's concurrency keeps busy, so complete groups
+	// stream from the start; "episodes" (the default for group_size 1)
+	// starts every episode as soon as a slot is free.
+	Schedule string `json:"schedule,omitempty"`
 }
+
+// Schedules of a rollout.
+const (
+	ScheduleGroups   = "groups"
+	ScheduleEpisodes = "episodes"
+)
 
 // PolicyVersionRequest is the body of POST /v1/policy-version and POST
 // /v1/rollouts/{id}/policy-version: the trainer announces the version the

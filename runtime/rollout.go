@@ -49,6 +49,10 @@ type rollout struct {
 	cancel   context.CancelCauseFunc
 
 	queue []*job // guarded by the scheduler's mu
+	// started counts the rollout's episodes the scheduler started and that
+	// have not ended (guarded by the scheduler's mu); window, when > 0,
+	// bounds it ("schedule": "groups").
+	started, window int
 
 	// saveMu orders the writes of the rollout's record: each takes the
 	// record as it is when it writes, so the last write has the last state.
@@ -195,6 +199,7 @@ type RolloutStatus struct {
 	Monitors        map[string]int `json:"monitors"` // monitor → ended episodes that triggered it
 	InfraRetries    int            `json:"infra_retries"`
 	Backend         string         `json:"backend"`
+	Schedule        string         `json:"schedule,omitempty"`
 	Policy          PolicyStatus   `json:"policy"`
 	CreatedAt       time.Time      `json:"created_at"`
 	EndedAt         *time.Time     `json:"ended_at,omitempty"`
@@ -227,7 +232,7 @@ func (r *rollout) status() RolloutStatus {
 	st := RolloutStatus{ID: r.id, State: rec.State, EpisodesTotal: len(r.episodes), EpisodesDone: len(r.finished),
 		EpisodesRunning: r.running, GroupSize: rec.GroupSize, GroupsTotal: len(r.groups),
 		Scored: r.scored, Ends: copyCounts(r.ends), ToolErrors: copyCounts(r.toolErrs), Monitors: copyCounts(r.monitors), InfraRetries: rec.InfraRetries,
-		Backend: rec.Backend, CreatedAt: rec.CreatedAt, EndedAt: rec.EndedAt, Message: rec.Message,
+		Backend: rec.Backend, Schedule: rec.Schedule, CreatedAt: rec.CreatedAt, EndedAt: rec.EndedAt, Message: rec.Message,
 		Policy: PolicyStatus{BaseURL: rec.Policy.Endpoint, Model: rec.Policy.Model, Sampling: rec.Policy.Sampling, Mode: rec.Policy.Mode, Tokenizer: rec.Policy.Tokenizer}}
 	r.versionStatusLocked(&st)
 	st.EpisodesQueued = st.EpisodesTotal - st.EpisodesDone - st.EpisodesRunning
@@ -329,6 +334,16 @@ func (s *Server) parseRollout(ctx context.Context, body []byte) (*rollout, []*jo
 	}
 	if pr.TokenizeURL != "" && pr.Mode != trajectory.ModeTokens {
 		return nil, nil, badField("policy.tokenize_url", "only with \"mode\": \"tokens\"")
+	}
+	switch req.Schedule {
+	case "":
+		req.Schedule = ScheduleEpisodes
+		if req.GroupSize > 1 {
+			req.Schedule = ScheduleGroups
+		}
+	case ScheduleGroups, ScheduleEpisodes:
+	default:
+		return nil, nil, badField("schedule", "%q is not one of groups, episodes", req.Schedule)
 	}
 	if req.MaxStaleness != nil && *req.MaxStaleness < 0 {
 		return nil, nil, badField("max_staleness", "%d is negative", *req.MaxStaleness)
@@ -444,8 +459,14 @@ func (s *Server) parseRollout(ctx context.Context, body []byte) (*rollout, []*jo
 	if req.MaxStaleness != nil {
 		r.maxStaleness = *req.MaxStaleness
 	}
+	concurrency := s.limits.PolicyConcurrency
 	if pr.MaxConcurrency > 0 && pr.MaxConcurrency < s.limits.PolicyConcurrency {
 		r.sem = make(chan struct{}, pr.MaxConcurrency)
+		concurrency = pr.MaxConcurrency
+	}
+	rec.Schedule = req.Schedule
+	if req.Schedule == ScheduleGroups {
+		r.window = groupWindow(concurrency, req.GroupSize)
 	}
 	var jobs []*job
 	for ti, t := range tasks {
@@ -461,6 +482,14 @@ func (s *Server) parseRollout(ctx context.Context, body []byte) (*rollout, []*jo
 		}
 	}
 	return r, jobs, nil
+}
+
+// groupWindow is how many episodes of a "groups" rollout run at once: twice
+// the policy calls it may have in flight (an episode spends part of its time
+// in its tools, so the policy stays busy), in whole groups, at least one.
+func groupWindow(policyConcurrency, groupSize int) int {
+	groups := (2*policyConcurrency + groupSize - 1) / groupSize
+	return max(1, groups) * groupSize
 }
 
 // applyLimits sets every non-zero field of o on l.

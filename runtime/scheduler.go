@@ -251,6 +251,11 @@ func (sc *scheduler) pick() *job {
 		if sc.backendRunning[j.plan.backend] >= sc.limits.Backend[j.plan.backend] && sc.limits.Backend[j.plan.backend] > 0 {
 			continue
 		}
+		// A "groups" rollout starts a group only when the whole group fits
+		// its window; the group's other episodes then follow it at once.
+		if r.window > 0 && j.ep.rec.GroupIndex == 0 && r.started > 0 && r.started+len(j.ep.group.members) > r.window {
+			continue
+		}
 		r.queue[0] = nil
 		r.queue = r.queue[1:]
 		if len(r.queue) == 0 {
@@ -266,6 +271,7 @@ func (sc *scheduler) pick() *job {
 		}
 		sc.queued--
 		sc.running++
+		r.started++
 		sc.syncCountsLocked()
 		sc.backendRunning[j.plan.backend]++
 		sc.addDemandLocked(j, -1)
@@ -278,6 +284,7 @@ func (sc *scheduler) pick() *job {
 func (sc *scheduler) done(j *job) {
 	sc.mu.Lock()
 	sc.running--
+	j.r.started--
 	sc.syncCountsLocked()
 	sc.backendRunning[j.plan.backend]--
 	sc.ended = append(sc.ended, time.Now())
