@@ -36,6 +36,7 @@ type Metrics struct {
 	JudgeRequests   *prometheus.CounterVec   // endpoint, outcome
 	JudgeDuration   *prometheus.HistogramVec // endpoint
 	JudgeWait       *prometheus.HistogramVec // endpoint
+	MemoryReclaims  prometheus.Counter
 }
 
 // latencyBuckets span 100 µs to ~100 s.
@@ -87,11 +88,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Wall time of one judge request that answered, by endpoint.", Buckets: latencyBuckets}, []string{"endpoint"}),
 		JudgeWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rollbox_judge_wait_seconds",
 			Help: "Time a judge request waited for one of its endpoint's slots.", Buckets: latencyBuckets}, []string{"endpoint"}),
+		MemoryReclaims: prometheus.NewCounter(prometheus.CounterOpts{Name: "rollbox_memory_reclaims_total",
+			Help: "Times the idle service closed its idle policy connections and returned its free memory to the system."}),
 	}
 	reg.MustRegister(m.Episodes, m.EpisodesEnded, m.Turns, m.ToolCalls, m.ToolDuration, m.ToolErrors,
 		m.PolicyDuration, m.PolicyWait, m.PolicyInflight, m.PolicyErrors, m.SandboxAcquire, m.SandboxFailures,
 		m.InfraRetries, m.Rejected, m.Rollouts, m.HTTPRequests, m.Recovered,
-		m.Monitors, m.Unscored, m.JudgeRequests, m.JudgeDuration, m.JudgeWait,
+		m.Monitors, m.Unscored, m.JudgeRequests, m.JudgeDuration, m.JudgeWait, m.MemoryReclaims,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rollbox_process_peak_rss_bytes",
 			Help: "Peak resident set size of this process (VmHWM)."}, func() float64 { return float64(PeakRSS()) }))
 	return m

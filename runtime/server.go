@@ -187,7 +187,8 @@ func Open(opts Options) (*Server, error) {
 	// (503 "recovering"); a clean data directory answers everything at once.
 	s.recoveringAny.Store(len(unfinished) > 0 || len(openEnv) > 0)
 	s.sched = newScheduler(s.limits, s.startJob, s.storage.ok)
-	s.bg.Add(5)
+	s.bg.Add(6)
+	go func() { defer s.bg.Done(); s.reclaimWhenIdle(s.ctx) }()
 	go func() { defer s.bg.Done(); s.sched.run(s.ctx) }()
 	go func() { defer s.bg.Done(); s.sched.sizePools(s.ctx, s.sandboxes) }()
 	go func() { defer s.bg.Done(); s.reapIdle(s.ctx) }()

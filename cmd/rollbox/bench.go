@@ -59,6 +59,9 @@ command in the same container.`,
 	asJSON := fs.Bool("json", false, "print the results as JSON instead of the text report")
 	keep := fs.String("data", "", "the service's data `DIR` (default: a temporary one, removed)")
 	serveProfile := fs.String("serve-cpuprofile", "", "have the service write a CPU profile to this `FILE`")
+	schedule := fs.String("schedule", "", "the rollout's schedule: groups or episodes (default: the service's, groups when --group > 1)")
+	compare := fs.Bool("compare-schedules", false, "run the rollout twice on the same service, schedule episodes then groups, and compare when the first complete group arrives")
+	settle := fs.Duration("settle", 0, "after the rollout, watch the service's resident memory for this long (does it give memory back?)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx := cmd.Context()
 		switch {
@@ -70,6 +73,10 @@ command in the same container.`,
 			return usagef("--episodes must be a positive multiple of --group, --turns at least 1")
 		case *mode == "env-step" && *backend != sandbox.BackendDocker:
 			return usagef("--mode env-step compares with docker exec: use --backend docker")
+		case *schedule != "" && *schedule != "groups" && *schedule != "episodes":
+			return usagef("--schedule %q is not one of groups, episodes", *schedule)
+		case *compare && (*schedule != "" || *mode != "rollout"):
+			return usagef("--compare-schedules runs both schedules of a rollout: drop --schedule, use --mode rollout")
 		}
 
 		pol, err := fakepolicy.Start(fakepolicy.Config{Latency: *latency, Jitter: *jitter, Responder: fakepolicy.BashThenFinish(*turns - 1)})
@@ -109,9 +116,25 @@ command in the same container.`,
 		var res interface{ Report(io.Writer) }
 		switch *mode {
 		case "rollout":
+			cfg := loadgen.RolloutConfig{Backend: *backend, Image: *image, Episodes: *episodes, Group: *group, Turns: *turns,
+				PolicyURL: pol.URL(), Latency: *latency, Service: svc, Progress: env.stderr, Schedule: *schedule, Settle: *settle}
+			if *compare {
+				var cmp loadgen.ScheduleComparison
+				for _, sch := range []string{"episodes", "groups"} {
+					cfg.Schedule = sch
+					r, rerr := loadgen.Rollout(ctx, base, cfg)
+					if rerr != nil {
+						err = errors.Join(err, fmt.Errorf("schedule %s: %w", sch, rerr))
+					}
+					if r != nil {
+						cmp.Runs = append(cmp.Runs, r)
+					}
+				}
+				res = &cmp
+				break
+			}
 			var r *loadgen.RolloutResult
-			r, err = loadgen.Rollout(ctx, base, loadgen.RolloutConfig{Backend: *backend, Image: *image, Episodes: *episodes,
-				Group: *group, Turns: *turns, PolicyURL: pol.URL(), Latency: *latency, Service: svc, Progress: env.stderr})
+			r, err = loadgen.Rollout(ctx, base, cfg)
 			if r != nil {
 				res = r
 			}

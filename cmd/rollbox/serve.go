@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	pprofhttp "net/http/pprof"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
@@ -68,6 +69,7 @@ stderr.`,
 	gcAllOwners := fs.Bool("gc-all-owners", false, "at start-up, also remove what any crashed rollbox left on this host (rollbox gc), not only this service's own containers")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this `FILE` (for go tool pprof)")
+	debugAddr := fs.String("debug-addr", "", "serve Go's profiles (net/http/pprof: heap, goroutines, CPU) on this loopback `HOST:PORT`, apart from the API")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx := cmd.Context()
 		if err := sandbox.CheckBackend(*backendName); err != nil {
@@ -121,6 +123,14 @@ stderr.`,
 				return err
 			}
 			defer pprof.StopCPUProfile()
+		}
+
+		if *debugAddr != "" {
+			stopDebug, err := serveDebug(*debugAddr, log)
+			if err != nil {
+				return usagef("--debug-addr: %v", err)
+			}
+			defer stopDebug()
 		}
 
 		var catalog []*agent.Task
@@ -340,4 +350,30 @@ func answeredHosts(addr, flag string) ([]string, error) {
 		return runtime.LoopbackHosts(), nil
 	}
 	return nil, nil
+}
+
+// serveDebug serves net/http/pprof on addr, which must be a loopback
+// address: profiles show the service's memory and goroutines.
+func serveDebug(addr string, log *slog.Logger) (stop func(), err error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return nil, fmt.Errorf("%s is not a loopback address: the profiles are for this host only", addr)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprofhttp.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprofhttp.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprofhttp.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprofhttp.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprofhttp.Trace)
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go hs.Serve(ln)
+	log.Info("serving Go's profiles", "addr", ln.Addr().String())
+	return func() { hs.Close() }, nil
 }

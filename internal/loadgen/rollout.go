@@ -36,6 +36,11 @@ type RolloutConfig struct {
 	Service *Service
 	// Progress gets a line every 5 s.
 	Progress io.Writer
+	// Schedule is the rollout's "schedule" ("" for the service's default).
+	Schedule string
+	// Settle, when set, watches the service's resident memory for this
+	// long after the rollout ended (does it give memory back?).
+	Settle time.Duration
 }
 
 // RolloutResult is what a rollout bench measures.
@@ -59,6 +64,24 @@ type RolloutResult struct {
 	ServiceCPUPerTurnMS float64        `json:"service_cpu_per_turn_ms"`
 	BenchPeakRSS        int64          `json:"bench_peak_rss_bytes"`
 	BenchCPUS           float64        `json:"bench_cpu_s"`
+	Schedule            string         `json:"schedule"`
+	// FirstGroupS is when the first complete group arrived on the stream,
+	// from the submission; HalfGroupsS when half of them had.
+	FirstGroupS float64 `json:"first_group_s"`
+	HalfGroupsS float64 `json:"half_groups_s"`
+	// HealthzMS is GET /healthz's latency during the rollout (every 50 ms,
+	// each on a new connection, as a liveness probe would);
+	// HealthzAtPeakMS only those while at least 90% of the episodes ran.
+	HealthzMS       Percentiles `json:"healthz_ms"`
+	HealthzAtPeakMS Percentiles `json:"healthz_at_peak_ms"`
+	HealthzFailed   int         `json:"healthz_failed"`
+	// The service's resident memory before the rollout, when it ended, and
+	// after Settle; SettledAfterS is when it first came within 20% of the
+	// value before (-1: never within Settle).
+	RSSBefore     int64   `json:"rss_before_bytes"`
+	RSSAtEnd      int64   `json:"rss_at_end_bytes"`
+	RSSSettled    int64   `json:"rss_settled_bytes"`
+	SettledAfterS float64 `json:"settled_after_s"`
 }
 
 // Percentiles of a sample.
@@ -118,8 +141,19 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 			"sandbox": sb, "tools": []string{"bash", "finish"}, "reward": map[string]any{"type": "exact", "answer": "done"},
 			"limits": map[string]any{"max_turns": c.Turns + 1, "episode_timeout_s": 3600}}
 	}
-	body, _ := json.Marshal(map[string]any{"tasks": tasks, "group_size": c.Group,
-		"policy": map[string]any{"base_url": c.PolicyURL, "model": "fake-model", "max_retries": 2}})
+	request := map[string]any{"tasks": tasks, "group_size": c.Group,
+		"policy": map[string]any{"base_url": c.PolicyURL, "model": "fake-model", "max_retries": 2}}
+	if c.Schedule != "" {
+		request["schedule"] = c.Schedule
+	}
+	body, _ := json.Marshal(request)
+	rss := func() int64 {
+		if c.Service != nil {
+			return c.Service.RSS()
+		}
+		return scrapeMetric(base, "process_resident_memory_bytes")
+	}
+	rssBefore := rss()
 	start := time.Now()
 	resp, err := http.Post(base+"/v1/rollouts", "application/json", bytes.NewReader(body))
 	if err != nil {
@@ -134,25 +168,43 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 	fmt.Fprintf(progress, "rollbox bench: rollout %s: %d episodes (%d tasks × %d) of %d turns on %s, policy latency %s\n",
 		created.ID, c.Episodes, ntasks, c.Group, c.Turns, c.Backend, c.Latency)
 
-	// Watch how many run at once.
+	// Probe /healthz as a liveness probe would (a new connection each time,
+	// every 50 ms) and watch how many episodes run at once.
 	var peak atomic.Int64
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
+	type probe struct {
+		ms      float64
+		running int
+		failed  bool
+	}
+	probes := make(chan []probe, 1)
 	go func() {
-		for wctx.Err() == nil {
+		var got []probe
+		defer func() { probes <- got }()
+		client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case <-tick.C:
+			}
 			var h struct {
 				EpisodesRunning int `json:"episodes_running"`
 			}
-			if r, err := http.Get(base + "/healthz"); err == nil {
-				json.NewDecoder(r.Body).Decode(&h)
-				r.Body.Close()
-				if int64(h.EpisodesRunning) > peak.Load() {
-					peak.Store(int64(h.EpisodesRunning))
-				}
+			t0 := time.Now()
+			r, err := client.Get(base + "/healthz")
+			if err != nil {
+				got = append(got, probe{failed: true})
+				continue
 			}
-			select {
-			case <-wctx.Done():
-			case <-time.After(250 * time.Millisecond):
+			json.NewDecoder(r.Body).Decode(&h)
+			r.Body.Close()
+			got = append(got, probe{ms: float64(time.Since(t0)) / float64(time.Millisecond), running: h.EpisodesRunning})
+			if int64(h.EpisodesRunning) > peak.Load() {
+				peak.Store(int64(h.EpisodesRunning))
 			}
 		}
 	}()
@@ -177,6 +229,12 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 			return nil, fmt.Errorf("a streamed line: %w", err)
 		}
 		res.Completed++
+		if res.Completed == 1 {
+			res.FirstGroupS = time.Since(start).Seconds()
+		}
+		if res.Completed == c.Episodes/2 {
+			res.HalfGroupsS = time.Since(start).Seconds()
+		}
 		if e.Termination != nil {
 			res.Ends[e.Termination.Reason]++
 		}
@@ -217,8 +275,32 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 		return nil, fmt.Errorf("reading the stream: %w", err)
 	}
 	res.WallS = time.Since(start).Seconds()
+	res.RSSBefore, res.RSSAtEnd, res.Schedule = rssBefore, rss(), c.Schedule
 	stopWatch()
+	var all, atPeak []float64
+	for _, p := range <-probes {
+		switch {
+		case p.failed:
+			res.HealthzFailed++
+		default:
+			all = append(all, p.ms)
+			if p.running*10 >= c.Episodes*9 {
+				atPeak = append(atPeak, p.ms)
+			}
+		}
+	}
+	res.HealthzMS, res.HealthzAtPeakMS = PercentilesOf(all), PercentilesOf(atPeak)
 	res.PeakRunning = int(peak.Load())
+	res.SettledAfterS = -1
+	for t0 := time.Now(); c.Settle > 0; time.Sleep(time.Second) {
+		res.RSSSettled = rss()
+		if res.SettledAfterS < 0 && float64(res.RSSSettled) <= 1.2*float64(res.RSSBefore) {
+			res.SettledAfterS = time.Since(t0).Seconds()
+		}
+		if time.Since(t0) >= c.Settle {
+			break
+		}
+	}
 	res.TurnsPerS = float64(turnsDone) / res.WallS
 	res.TurnOverheadMS, res.PolicyCallOverMS, res.BetweenCallsMS, res.ToolMS, res.LastTurnMS =
 		PercentilesOf(overhead), PercentilesOf(callOver), PercentilesOf(between), PercentilesOf(toolMS), PercentilesOf(lastTurn)
@@ -252,6 +334,20 @@ func (res *RolloutResult) Report(w io.Writer) {
 	fmt.Fprintf(w, "  last turn overhead  %s   (finish: reward, record, sandbox removal)\n", res.LastTurnMS)
 	fmt.Fprintf(w, "  service CPU         %.1f s, %.3f ms a turn (user+system, the whole run)\n", res.ServiceCPUS, res.ServiceCPUPerTurnMS)
 	fmt.Fprintf(w, "  service peak RSS    %.1f MiB (VmHWM)\n", float64(res.ServicePeakRSS)/(1<<20))
+	fmt.Fprintf(w, "  schedule            %s: first complete group after %.2f s, half of the episodes after %.2f s\n",
+		cmpOr(res.Schedule, "(default)"), res.FirstGroupS, res.HalfGroupsS)
+	fmt.Fprintf(w, "  healthz             %s   (a new connection every 50 ms; %d failed)\n", res.HealthzMS, res.HealthzFailed)
+	fmt.Fprintf(w, "    at peak           %s   (while at least 90%% of the episodes ran)\n", res.HealthzAtPeakMS)
+	fmt.Fprintf(w, "  service RSS         %.1f MiB before, %.1f MiB at the end", float64(res.RSSBefore)/(1<<20), float64(res.RSSAtEnd)/(1<<20))
+	if res.RSSSettled > 0 {
+		fmt.Fprintf(w, ", %.1f MiB after settling", float64(res.RSSSettled)/(1<<20))
+		if res.SettledAfterS >= 0 {
+			fmt.Fprintf(w, " (within 20%% of before after %.0f s)", res.SettledAfterS)
+		} else {
+			fmt.Fprintf(w, " (never within 20%% of before)")
+		}
+	}
+	fmt.Fprintln(w)
 	fmt.Fprintf(w, "  bench               %.1f s CPU, peak RSS %.1f MiB (fake policy + client, same machine)\n", res.BenchCPUS, float64(res.BenchPeakRSS)/(1<<20))
 }
 
@@ -270,18 +366,44 @@ func fmtCounts(m map[string]int) string {
 	return b.String()
 }
 
-var peakRSSRe = regexp.MustCompile(`(?m)^rollbox_process_peak_rss_bytes (\S+)$`)
+func scrapePeakRSS(base string) int64 { return scrapeMetric(base, "rollbox_process_peak_rss_bytes") }
 
-func scrapePeakRSS(base string) int64 {
+// scrapeMetric reads one unlabelled metric from the service's /metrics.
+func scrapeMetric(base, name string) int64 {
 	resp, err := http.Get(base + "/metrics")
 	if err != nil {
 		return 0
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	if m := peakRSSRe.FindSubmatch(b); m != nil {
+	re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + ` (\S+)$`)
+	if m := re.FindSubmatch(b); m != nil {
 		v, _ := strconv.ParseFloat(string(m[1]), 64)
 		return int64(v)
 	}
 	return 0
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// ScheduleComparison is the same rollout run with each schedule, in order.
+type ScheduleComparison struct {
+	Runs []*RolloutResult `json:"runs"`
+}
+
+// Report prints each run and how the first complete group compares.
+func (c *ScheduleComparison) Report(w io.Writer) {
+	for _, r := range c.Runs {
+		r.Report(w)
+	}
+	if len(c.Runs) == 2 && c.Runs[1].FirstGroupS > 0 {
+		a, b := c.Runs[0], c.Runs[1]
+		fmt.Fprintf(w, "first complete group: %.2f s (%s) vs %.2f s (%s): %.1fx earlier; all episodes %.1f s vs %.1f s (%.2fx)\n",
+			a.FirstGroupS, a.Schedule, b.FirstGroupS, b.Schedule, a.FirstGroupS/b.FirstGroupS, a.WallS, b.WallS, b.WallS/a.WallS)
+	}
 }

@@ -78,6 +78,9 @@ func StartService(ctx context.Context, exe, dataDir string, flags []string) (*Se
 // PeakRSS is the service's VmHWM.
 func (c *Service) PeakRSS() int64 { return proc.PeakRSS(strconv.Itoa(c.cmd.Process.Pid)) }
 
+// RSS is the service's resident memory now.
+func (c *Service) RSS() int64 { return proc.RSS(strconv.Itoa(c.cmd.Process.Pid)) }
+
 // CPUSeconds is the service's user+system CPU time so far.
 func (c *Service) CPUSeconds() float64 { return proc.CPUSeconds(strconv.Itoa(c.cmd.Process.Pid)) }
 

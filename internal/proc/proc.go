@@ -12,7 +12,13 @@ import (
 
 // PeakRSS reads VmHWM of /proc/<pid>/status ("self" for this process), in
 // bytes; 0 when it cannot.
-func PeakRSS(pid string) int64 {
+func PeakRSS(pid string) int64 { return statusBytes(pid, "VmHWM:") }
+
+// RSS reads VmRSS of /proc/<pid>/status (its resident memory now), in
+// bytes; 0 when it cannot.
+func RSS(pid string) int64 { return statusBytes(pid, "VmRSS:") }
+
+func statusBytes(pid, key string) int64 {
 	f, err := os.Open("/proc/" + pid + "/status")
 	if err != nil {
 		return 0
@@ -20,7 +26,7 @@ func PeakRSS(pid string) int64 {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+		if rest, ok := strings.CutPrefix(sc.Text(), key); ok {
 			if f := strings.Fields(rest); len(f) >= 1 {
 				kb, _ := strconv.ParseInt(f[0], 10, 64)
 				return kb << 10
