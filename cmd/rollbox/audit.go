@@ -184,48 +184,78 @@ func orDash(s string) string {
 	return s
 }
 
-// newVerifyLogCmd is `rollbox audit verify-log FILE [--json]`.
+// newVerifyLogCmd is `rollbox audit verify-log FILE... [--json]`.
 func newVerifyLogCmd(env *cliEnv) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "verify-log FILE [--json]",
+		Use:   "verify-log FILE... [--json]",
 		Short: "Check an audit log's hash chain; names the first edited, deleted or inserted line",
 		Long: `Check the hash chain of an audit log written with --audit-log (or
-$ROLLBOX_AUDIT_LOG): one JSON line per sandbox create, exec, file write and
-close, each sealing the one before. Exit status 1 names the first line that
-was edited, deleted or inserted.`,
-		Example: `  rollbox audit verify-log audit.jsonl`,
+$ROLLBOX_AUDIT_LOG, or rollbox serve's DATA/audit.jsonl): one JSON line per
+sandbox create, exec, file write and close, each sealing the one before. Exit
+status 1 names the first line that was edited, deleted or inserted.
+
+A log rotated by size (rollbox serve's) is several files: give them oldest
+first (FILE.2 FILE.1 FILE); each must then start with a rotate record that
+seals the end of the one before it, so a cut or edited end is found too.`,
+		Example: `  rollbox audit verify-log audit.jsonl
+  rollbox audit verify-log data/audit.jsonl.2 data/audit.jsonl.1 data/audit.jsonl`,
 	}
 	asJSON := cmd.Flags().Bool("json", false, "print the result as JSON")
 	cmd.RunE = func(cmd *cobra.Command, pos []string) error {
-		if len(pos) != 1 {
-			return usagef("verify-log takes one file: rollbox audit verify-log FILE")
+		if len(pos) == 0 {
+			return usagef("verify-log takes the log's files, oldest first: rollbox audit verify-log FILE...")
 		}
-		f, err := os.Open(pos[0])
-		if err != nil {
-			return usagef("%v", err)
+		for _, p := range pos {
+			if _, err := os.Stat(p); err != nil {
+				return usagef("%v", err)
+			}
 		}
-		defer f.Close()
-		sum, err := auditlog.Verify(f)
+		sums, err := auditlog.VerifyFiles(pos)
 		var ve *auditlog.VerifyError
+		var fe *auditlog.FileError
 		if err != nil && !errors.As(err, &ve) {
 			return err
 		}
+		bad := ""
+		if errors.As(err, &fe) {
+			bad = fe.Path
+		}
+		var total auditlog.Summary
+		for _, s := range sums {
+			total.Lines += s.Lines
+			total.Sandbox += s.Sandbox
+			total.Execs += s.Execs
+			total.Writes += s.Writes
+			total.Episodes += s.Episodes
+		}
+		last := auditlog.Summary{}
+		if len(sums) > 0 {
+			last = sums[len(sums)-1]
+		}
 		if *asJSON {
-			out := map[string]any{"file": pos[0], "ok": err == nil, "lines": sum.Lines, "head": sum.Head}
+			name := pos[len(pos)-1]
+			if bad != "" {
+				name = bad
+			}
+			out := map[string]any{"file": name, "ok": err == nil, "lines": total.Lines, "head": last.Head}
+			if len(pos) > 1 {
+				out["files"] = pos
+			}
 			if ve != nil {
 				out["bad_line"], out["reason"] = ve.Line, ve.Reason
 			} else {
-				out["sandboxes"], out["execs"], out["writes"], out["episodes"] = sum.Sandbox, sum.Execs, sum.Writes, sum.Episodes
+				out["sandboxes"], out["execs"], out["writes"], out["episodes"] = total.Sandbox, total.Execs, total.Writes, total.Episodes
 			}
 			b, _ := json.MarshalIndent(out, "", "  ")
 			fmt.Fprintln(env.stdout, string(b))
 		} else if ve == nil {
+			first := sums[0]
 			fmt.Fprintf(env.stdout, "%s: ok: %d lines (%d sandboxes, %d execs, %d writes, %d episodes) from %s to %s; head %s\n",
-				pos[0], sum.Lines, sum.Sandbox, sum.Execs, sum.Writes, sum.Episodes,
-				sum.First.Format("2006-01-02T15:04:05Z"), sum.Last.Format("2006-01-02T15:04:05Z"), orDash(sum.Head))
+				strings.Join(pos, " "), total.Lines, total.Sandbox, total.Execs, total.Writes, total.Episodes,
+				first.First.Format("2006-01-02T15:04:05Z"), last.Last.Format("2006-01-02T15:04:05Z"), orDash(last.Head))
 		}
 		if ve != nil {
-			fmt.Fprintf(env.stderr, "rollbox audit verify-log: %s: %v (the %d lines before it verify)\n", pos[0], ve, sum.Lines)
+			fmt.Fprintf(env.stderr, "rollbox audit verify-log: %s: %v (the %d lines before it verify)\n", bad, ve, sums[len(sums)-1].Lines)
 			return &exitError{exitFailure}
 		}
 		return nil

@@ -20,7 +20,7 @@ func TestAuditRefusesBadInputBeforeStartingAnything(t *testing.T) {
 		{"a runtime for wasm", []string{"--backend", "wasm", "--runtime", "runsc"}, "no OCI runtime"},
 		{"a task file without a task", []string{"--tasks", "../../examples/coding/tasks.jsonl"}, "--tasks and --task go together"},
 		{"a task that is not there", []string{"--tasks", "../../examples/coding/tasks.jsonl", "--task", "nope"}, `--task "nope" is not in`},
-		{"verify-log without a file", []string{"verify-log"}, "verify-log takes one file"},
+		{"verify-log without a file", []string{"verify-log"}, "verify-log takes the log's files"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -106,7 +106,7 @@ func TestBadCommandLinesExit2AndSaySo(t *testing.T) {
 		{"an argument audit does not take", []string{"audit", "verfiy-log"}, []string{"unexpected arguments: verfiy-log"}},
 		{"replay without a trajectory", []string{"replay"}, []string{"want one trajectory file"}},
 		{"index info without a directory", []string{"index", "info"}, []string{"want one index directory"}},
-		{"verify-log without a file", []string{"audit", "verify-log"}, []string{"verify-log takes one file"}},
+		{"verify-log without a file", []string{"audit", "verify-log"}, []string{"verify-log takes the log's files"}},
 		{"an export of nothing", []string{"export", "--from", filepath.Join(dir, "none")}, []string{"--from"}},
 	}
 	for _, tt := range tests {

@@ -9,7 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -30,6 +32,10 @@ const (
 	OpExec   = "exec"
 	OpWrite  = "write"
 	OpClose  = "close"
+	// OpRotate is the first line of a log that replaced a full one
+	// (Options.MaxBytes): Rotated names the full log and seals its last
+	// line.
+	OpRotate = "rotate"
 )
 
 // Record is one line of the log. Fields that do not apply are omitted.
@@ -75,6 +81,8 @@ type Record struct {
 	Mode   string `json:"mode,omitempty"`
 	// Error is why the operation failed, if it did.
 	Error string `json:"error,omitempty"`
+	// Rotated is, on a rotate record, the log this one replaced.
+	Rotated *Rotated `json:"rotated,omitempty"`
 	// Prev is the hash of the line before (Genesis for the first).
 	Prev string `json:"prev"`
 }
@@ -99,6 +107,28 @@ const (
 // Options configure Open.
 type Options struct {
 	Sync Sync
+	// MaxBytes, when > 0, rotates the log once it has grown past it: the
+	// full file becomes PATH.1 (an older PATH.1 becomes PATH.2, and so on,
+	// up to Keep files; the oldest is removed) and a new PATH starts with a
+	// rotate record that names the full one and carries its last line's
+	// hash, so the new file seals the old one's end.
+	MaxBytes int64
+	// Keep is how many rotated files are kept (default DefaultKeep).
+	Keep int
+}
+
+// DefaultKeep is how many rotated files are kept when Options.Keep is 0.
+const DefaultKeep = 8
+
+// Rotated describes, in a rotate record, the log that was rotated away.
+type Rotated struct {
+	// LastSeq, Head and Bytes are its last line's sequence number and hash
+	// and its size: compare them with the file (PATH.1 when it was rotated,
+	// then PATH.2...) to detect a truncation or an edit of its end;
+	// VerifyFiles and `rollbox audit verify-log OLD... NEW` do.
+	LastSeq uint64 `json:"last_seq"`
+	Head    string `json:"head"`
+	Bytes   int64  `json:"bytes"`
 }
 
 // Log is an append-only, hash-chained JSON-lines file. Safe for concurrent
@@ -201,7 +231,12 @@ func (l *Log) Append(r Record) error {
 	if err := l.lock(); err != nil {
 		return err
 	}
-	defer l.unlock()
+	defer func() { l.unlock() }() // l.f may change
+	if l.opts.MaxBytes > 0 {
+		if err := l.followRotationLocked(); err != nil {
+			return err
+		}
+	}
 	st, err := l.f.Stat()
 	if err != nil {
 		return fmt.Errorf("audit log %s: %w", l.path, err)
@@ -209,6 +244,14 @@ func (l *Log) Append(r Record) error {
 	if st.Size() != l.end { // another writer appended: chain to its last line
 		if err := l.readTail(); err != nil {
 			return err
+		}
+	}
+	if l.opts.MaxBytes > 0 && st.Size() >= l.opts.MaxBytes {
+		if err := l.rotateLocked(st.Size()); err != nil {
+			return err
+		}
+		if st, err = l.f.Stat(); err != nil {
+			return fmt.Errorf("audit log %s: %w", l.path, err)
 		}
 	}
 	r.V, r.Seq, r.Prev = Version, l.seq+1, l.prev
@@ -229,6 +272,99 @@ func (l *Log) Append(r Record) error {
 		}
 	}
 	l.prev, l.seq, l.end = hash, r.Seq, st.Size()+int64(len(line))
+	return nil
+}
+
+// followRotationLocked: when another process rotated the log since this
+// Log opened its file (PATH is now another file), it moves to the new PATH
+// and takes its lock instead. Called with the old file's lock held, which
+// the rotating process held throughout, so the new PATH is complete.
+func (l *Log) followRotationLocked() error {
+	for {
+		cur, err := l.f.Stat()
+		if err != nil {
+			return fmt.Errorf("audit log %s: %w", l.path, err)
+		}
+		named, err := os.Stat(l.path)
+		if err == nil && os.SameFile(cur, named) {
+			return nil
+		}
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("audit log %s: %w", l.path, err)
+		}
+		f, err := os.OpenFile(l.path, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
+		if err != nil {
+			return fmt.Errorf("audit log: %w", err)
+		}
+		l.unlock()
+		l.f.Close()
+		l.f = f
+		if err := l.lock(); err != nil {
+			return err
+		}
+		if err := l.readTail(); err != nil {
+			return err
+		}
+	}
+}
+
+// rotateLocked replaces the full log (size bytes, this Log's lock held) by
+// a new one whose first line is a rotate record sealing the full one's
+// end. PATH never goes missing: the new file is written aside, locked, and
+// renamed over PATH after the full one was linked to PATH.1.
+func (l *Log) rotateLocked(size int64) error {
+	keep := l.opts.Keep
+	if keep <= 0 {
+		keep = DefaultKeep
+	}
+	dir, base := filepath.Dir(l.path), filepath.Base(l.path)
+	// O_APPEND like every writer's file: another process that follows the
+	// rotation appends to it too.
+	tmpName := filepath.Join(dir, fmt.Sprintf(".%s.rotate-%d-%d", base, os.Getpid(), time.Now().UnixNano()))
+	tmp, err := os.OpenFile(tmpName, os.O_RDWR|os.O_APPEND|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("audit log %s: rotate: %w", l.path, err)
+	}
+	fail := func(err error) error {
+		tmp.Close()
+		os.Remove(tmpName)
+		return fmt.Errorf("audit log %s: rotate: %w", l.path, err)
+	}
+	if err := syscall.Flock(int(tmp.Fd()), syscall.LOCK_EX); err != nil {
+		return fail(err)
+	}
+	r := Record{V: Version, Seq: 1, Time: time.Now().UTC(), Op: OpRotate, Prev: Genesis,
+		Rotated: &Rotated{LastSeq: l.seq, Head: l.prev, Bytes: size}}
+	line, hash, err := encodeLine(r)
+	if err != nil {
+		return fail(err)
+	}
+	if _, err := tmp.Write(line); err != nil {
+		return fail(err)
+	}
+	if err := tmp.Sync(); err != nil {
+		return fail(err)
+	}
+	os.Remove(fmt.Sprintf("%s.%d", l.path, keep))
+	for i := keep - 1; i >= 1; i-- {
+		os.Rename(fmt.Sprintf("%s.%d", l.path, i), fmt.Sprintf("%s.%d", l.path, i+1))
+	}
+	if err := os.Link(l.path, l.path+".1"); err != nil {
+		return fail(err)
+	}
+	if err := os.Rename(tmpName, l.path); err != nil {
+		os.Remove(l.path + ".1")
+		return fail(err)
+	}
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	// Others blocked on the full file's lock find PATH replaced and follow.
+	l.unlock()
+	l.f.Close()
+	l.f = tmp
+	l.prev, l.seq, l.end = hash, 1, int64(len(line))
 	return nil
 }
 
@@ -320,6 +456,11 @@ type Summary struct {
 	Execs    int
 	Writes   int
 	Episodes int
+	// LastSeq is the last line's sequence number.
+	LastSeq uint64
+	// Rotated is the first line's description of the log this one
+	// replaced, when it started with a rotate record.
+	Rotated *Rotated
 }
 
 // Verify reads a whole log and checks every line's own hash, that its prev
@@ -369,9 +510,12 @@ func Verify(r io.Reader) (Summary, error) {
 			return s, &VerifyError{Line: n, Reason: fmt.Sprintf("seq %d follows %d", rec.Seq, seq)}
 		}
 		prev, seq = hash, rec.Seq
-		s.Lines, s.Head = n, hash
+		s.Lines, s.Head, s.LastSeq = n, hash, rec.Seq
 		if n == 1 {
 			s.First = rec.Time
+			if rec.Op == OpRotate {
+				s.Rotated = rec.Rotated
+			}
 		}
 		s.Last = rec.Time
 		switch rec.Op {
@@ -392,3 +536,44 @@ func Verify(r io.Reader) (Summary, error) {
 	s.Episodes = len(episodes)
 	return s, nil
 }
+
+// VerifyFiles verifies a log and the files it rotated away, given oldest
+// first (PATH.2, PATH.1, PATH): each on its own as Verify does, and each
+// after the first must start with a rotate record sealing the end of the
+// one before it. The error names the file (*FileError).
+func VerifyFiles(paths []string) ([]Summary, error) {
+	var out []Summary
+	for i, p := range paths {
+		f, err := os.Open(p)
+		if err != nil {
+			return out, err
+		}
+		s, err := Verify(f)
+		f.Close()
+		out = append(out, s)
+		if err != nil {
+			return out, &FileError{Path: p, Err: err}
+		}
+		if i == 0 {
+			continue
+		}
+		before := out[i-1]
+		switch r := s.Rotated; {
+		case r == nil:
+			return out, &FileError{Path: p, Err: &VerifyError{Line: 1, Reason: fmt.Sprintf("not a rotate record: this log does not continue %s", paths[i-1])}}
+		case r.LastSeq != before.LastSeq || r.Head != before.Head:
+			return out, &FileError{Path: p, Err: &VerifyError{Line: 1, Reason: fmt.Sprintf("the log it continues ended at seq %d, hash %s, but %s ends at seq %d, hash %s: its end was cut or edited, or it is not the file before",
+				r.LastSeq, short(r.Head), paths[i-1], before.LastSeq, short(before.Head))}}
+		}
+	}
+	return out, nil
+}
+
+// FileError is a VerifyFiles error with the file it is about.
+type FileError struct {
+	Path string
+	Err  error
+}
+
+func (e *FileError) Error() string { return e.Path + ": " + e.Err.Error() }
+func (e *FileError) Unwrap() error { return e.Err }

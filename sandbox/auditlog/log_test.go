@@ -248,3 +248,99 @@ func TestAnUnwritableLogFailsTheCall(t *testing.T) {
 		t.Errorf("write with a closed log: %v, want ErrSandboxFailed", err)
 	}
 }
+
+// Two Logs (two processes) append to a log that rotates every few KB: no
+// line is lost or duplicated, every rotated file verifies, and each new
+// file seals the end of the one before it.
+func TestARotatedLogKeepsEveryLineAndSealsTheFilesItRotated(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "audit.jsonl")
+	opts := auditlog.Options{Sync: auditlog.SyncNone, MaxBytes: 4 << 10, Keep: 1000}
+	var logs []*auditlog.Log
+	for range 2 {
+		l, err := auditlog.Open(path, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		logs = append(logs, l)
+	}
+	const writers, each = 8, 60
+	var wg sync.WaitGroup
+	for i := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range each {
+				if err := logs[i%2].Append(auditlog.Record{Op: auditlog.OpExec, Shell: fmt.Sprintf("w%d-%d", i, j)}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	ents, _ := os.ReadDir(dir)
+	files := []string{}
+	for n := len(ents) - 1; n >= 1; n-- { // oldest first
+		files = append(files, fmt.Sprintf("%s.%d", path, n))
+	}
+	files = append(files, path)
+	if len(files) < 10 {
+		t.Fatalf("%d files for %d lines of 4 KB logs: %v", len(files), writers*each, ents)
+	}
+	sums, err := auditlog.VerifyFiles(files)
+	if err != nil {
+		t.Fatalf("verify: %v (%d files: %v)", err, len(files), ents)
+	}
+	seen := map[string]bool{}
+	for _, f := range files {
+		for _, r := range records(t, f) {
+			if r["op"] == auditlog.OpExec {
+				seen[r["shell"].(string)] = true
+			}
+		}
+		if st, _ := os.Stat(f); st.Mode().Perm() != 0o600 {
+			t.Errorf("%s has mode %v", f, st.Mode())
+		}
+	}
+	if len(seen) != writers*each || sums[0].Rotated != nil || sums[1].Rotated == nil {
+		t.Fatalf("%d distinct exec lines of %d; summaries %+v", len(seen), writers*each, sums[:2])
+	}
+
+	// The end of a rotated file cut off (or the order wrong) is found.
+	old := files[len(files)-2]
+	ls := lines(t, old)
+	os.WriteFile(old, []byte(strings.Join(ls[:len(ls)-1], "")), 0o600)
+	var fe *auditlog.FileError
+	if _, err := auditlog.VerifyFiles(files); !errors.As(err, &fe) || fe.Path != path || !strings.Contains(err.Error(), "cut or edited") {
+		t.Fatalf("a truncated rotated file: %v", err)
+	}
+}
+
+// Only Keep rotated files stay.
+func TestARotatedLogKeepsOnlyItsLastFiles(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "audit.jsonl")
+	l, err := auditlog.Open(path, auditlog.Options{Sync: auditlog.SyncNone, MaxBytes: 1 << 10, Keep: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for j := range 100 {
+		if err := l.Append(auditlog.Record{Op: auditlog.OpExec, Shell: fmt.Sprintf("c%d", j)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ents, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if want := "audit.jsonl audit.jsonl.1 audit.jsonl.2"; strings.Join(names, " ") != want {
+		t.Fatalf("files %v, want %s", names, want)
+	}
+	if _, err := auditlog.VerifyFiles([]string{path + ".2", path + ".1", path}); err != nil {
+		t.Fatal(err)
+	}
+}
