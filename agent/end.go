@@ -148,12 +148,16 @@ func (s *Session) end(ctx context.Context, reason, message string) error {
 }
 
 // monitor computes the episode's monitors over its record as it ends, and
-// applies the penalties the task asks for to its reward.
+// applies the penalties the task asks for to its reward (not to the 0 of
+// an episode that broke its sandbox: that stands as it is, as in a
+// rescore).
 func (s *Session) monitor(term *trajectory.Termination, rw *trajectory.Reward) {
 	t := *s.w.Trajectory()
 	t.Termination, t.Reward = term, rw
 	m := monitor.Compute(&t, s.task.Monitors)
-	monitor.Penalize(rw, m, s.task.Monitors)
+	if term.Reason != trajectory.EndSandboxAbuse {
+		monitor.Penalize(rw, m, s.task.Monitors)
+	}
 	s.w.SetMonitors(m)
 }
 

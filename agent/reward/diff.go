@@ -12,8 +12,13 @@ import (
 	"github.com/rollbox/rollbox/internal/textdiff"
 )
 
-// maxDiffLinesPerFile caps one file's part of a workspace diff.
-const maxDiffLinesPerFile = 2000
+// maxDiffLinesPerFile caps one file's part of a workspace diff; files over
+// maxDiffFileBytes are named with their sizes, not diffed (a diff's cost
+// grows with the file times its changes).
+const (
+	maxDiffLinesPerFile = 2000
+	maxDiffFileBytes    = 512 << 10
+)
 
 // diffOf is the workspace as read against the task's files: every file
 // read that differs (added or modified, whether a reward takes it or
@@ -60,6 +65,9 @@ func diffOf(snap *snapshot, task map[string][]byte, workdir string) *trajectory.
 func fileDiff(old, new []byte, from, to string) string {
 	if binary(old) || binary(new) {
 		return fmt.Sprintf("Binary files %s and %s differ\n", from, to)
+	}
+	if len(old) > maxDiffFileBytes || len(new) > maxDiffFileBytes {
+		return fmt.Sprintf("--- %s\n+++ %s\n@@ %d bytes -> %d bytes: over %d bytes, not diffed @@\n", from, to, len(old), len(new), maxDiffFileBytes)
 	}
 	d := textdiff.UnifiedN(string(old), string(new), from, to, 3, maxDiffLinesPerFile)
 	if d == "" && !bytes.Equal(old, new) {
