@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/rollbox/rollbox/agent"
+	"github.com/rollbox/rollbox/agent/monitor"
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/sandbox"
 )
@@ -113,6 +114,30 @@ func TestAnAgentSandboxThatBreaksBeforeItsFilesAreReadIsTheAgentsFailure(t *test
 	}
 	if !strings.Contains(tr.Termination.Message, "fresh sandbox of the same spec works") {
 		t.Errorf("message %q does not say why it is the episode's", tr.Termination.Message)
+	}
+}
+
+// The 0 of an episode that broke its sandbox stands: a monitor's penalty
+// does not take it lower (as in a rescore), though the monitor is recorded.
+func TestAnEpisodeThatBrokeItsSandboxTakesNoMonitorPenalty(t *testing.T) {
+	var agentSB *brokenFiles
+	r := &roles{agent: func(sb sandbox.Sandbox) sandbox.Sandbox {
+		agentSB = &brokenFiles{Sandbox: sb, err: errGuestDied}
+		return agentSB
+	}}
+	task := attackTask(t, "wasm-py", "")
+	task.Monitors = &monitor.Config{Penalties: map[string]float64{trajectory.MonitorRepeatedCalls: 0.25}}
+	p := &turnsPolicy{turns: []agent.Turn{bash("true"), bash("true"), finish}}
+	tr := runEpisode(t, task, &breakingPolicy{turnsPolicy: p, before: 2, breakIt: func() { agentSB.broken.Store(true) }},
+		func(c *agent.Config) { c.NewSandbox = r.factory(t) })
+	if tr.Termination.Reason != trajectory.EndSandboxAbuse || tr.Reward == nil || *tr.Reward.Total != 0 {
+		t.Fatalf("termination %+v reward %+v, want sandbox_abuse scored 0", tr.Termination, tr.Reward)
+	}
+	if tr.Monitors == nil || tr.Monitors.RepeatedCalls == nil || *tr.Monitors.RepeatedCalls != 1 {
+		t.Errorf("monitors %+v, want repeated_calls 1", tr.Monitors)
+	}
+	if _, ok := tr.Reward.Components["monitor."+trajectory.MonitorRepeatedCalls]; ok {
+		t.Errorf("the 0 of a broken sandbox took a penalty: %v", tr.Reward.Components)
 	}
 }
 
