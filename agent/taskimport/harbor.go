@@ -159,17 +159,21 @@ func ImportHarbor(ctx context.Context, src string, opts Options) (*Report, error
 	if len(dirs) == 0 {
 		return nil, fmt.Errorf("%s holds no Harbor task (a directory with task.toml and instruction.md)", src)
 	}
+	ids := map[string]string{}
 	for _, d := range dirs {
-		rep.Tasks = append(rep.Tasks, importHarborTask(ctx, d, &opts))
+		rep.Tasks = append(rep.Tasks, importHarborTask(ctx, d, &opts, ids))
 	}
 	sort.SliceStable(rep.Tasks, func(i, j int) bool { return rep.Tasks[i].Source < rep.Tasks[j].Source })
 	finalize(rep, filepath.Dir(opts.OutFile))
 	return rep, nil
 }
 
-func importHarborTask(ctx context.Context, dir string, opts *Options) *Result {
+func importHarborTask(ctx context.Context, dir string, opts *Options, ids map[string]string) *Result {
 	r := &Result{Source: dir}
 	r.ID = taskID(r, "directory name", filepath.Base(dir))
+	if !claimID(r, ids) {
+		return r
+	}
 	t := &agent.Task{ID: r.ID, Sandbox: agent.TaskSandbox{Backend: sandbox.BackendDocker}, Tools: importTools(),
 		Metadata: map[string]any{"source": "harbor"}}
 

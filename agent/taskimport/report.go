@@ -218,6 +218,18 @@ func taskID(r *Result, field, name string) string {
 	return id
 }
 
+// claimID gives r.ID to r unless an earlier task of the same import has
+// it: a second task with the id is an error found before anything of it is
+// written (its workspace would replace the first's).
+func claimID(r *Result, ids map[string]string) bool {
+	if prev, dup := ids[r.ID]; dup {
+		r.errorf("id", "task id %q is also %s's", r.ID, prev)
+		return false
+	}
+	ids[r.ID] = r.Source
+	return true
+}
+
 // importTools are the tools an imported task offers: the defaults without
 // run_tests (its command runs the verifier's tests, which are hidden until
 // the agent has finished).

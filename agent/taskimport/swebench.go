@@ -101,6 +101,7 @@ func ImportSWEBench(ctx context.Context, file string, opts Options, sw SWEBenchO
 	}
 	defer f.Close()
 	rep := &Report{Format: "swebench", Source: file, Out: opts.OutFile}
+	ids := map[string]string{}
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 256<<20)
 	n := 0
@@ -110,7 +111,7 @@ func ImportSWEBench(ctx context.Context, file string, opts Options, sw SWEBenchO
 		if len(line) == 0 {
 			continue
 		}
-		rep.Tasks = append(rep.Tasks, importInstance(ctx, fmt.Sprintf("%s:%d", file, n), line, &opts, &sw))
+		rep.Tasks = append(rep.Tasks, importInstance(ctx, fmt.Sprintf("%s:%d", file, n), line, &opts, &sw, ids))
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("%s line %d: %w", file, n+1, err)
@@ -139,7 +140,7 @@ func testNames(r *Result, field string, raw json.RawMessage) []string {
 	return list
 }
 
-func importInstance(ctx context.Context, source string, line []byte, opts *Options, sw *SWEBenchOptions) *Result {
+func importInstance(ctx context.Context, source string, line []byte, opts *Options, sw *SWEBenchOptions, ids map[string]string) *Result {
 	r := &Result{Source: source}
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(line, &raw); err != nil {
@@ -161,6 +162,9 @@ func importInstance(ctx context.Context, source string, line []byte, opts *Optio
 		return r
 	}
 	r.ID = taskID(r, "instance_id", instanceID)
+	if !claimID(r, ids) {
+		return r
+	}
 	var unknown []string
 	for k := range raw {
 		if !swebenchKnown[k] {
@@ -190,6 +194,10 @@ func importInstance(ctx context.Context, source string, line []byte, opts *Optio
 		for j, name := range list {
 			if !nodeIDRe.MatchString(name) {
 				r.errorf(fmt.Sprintf("%s[%d]", field, j), "%q is not a pytest node id (path/to/test_file.py::test_name): this importer verifies with pytest's report", name)
+				continue
+			}
+			if file, _, _ := strings.Cut(name, "::"); !isLocalSlash(file) {
+				r.errorf(fmt.Sprintf("%s[%d]", field, j), "%q names a file outside the repository: test files are paths relative to its root", name)
 				continue
 			}
 			if !seen[name] {
@@ -247,6 +255,12 @@ func importInstance(ctx context.Context, source string, line []byte, opts *Optio
 	defer os.RemoveAll(tmp)
 	absWS, relWS := opts.workspaceDir()
 	tarPath := filepath.Join(absWS, r.ID+".tar")
+	defer func() {
+		if r.failed() { // no snapshot of a task that is not imported
+			os.Remove(tarPath)
+			r.Workspace = ""
+		}
+	}()
 	if !snapshotRepo(ctx, r, sw.Repos, instanceID, repo, base, tarPath) {
 		return r
 	}
@@ -261,15 +275,40 @@ func importInstance(ctx context.Context, source string, line []byte, opts *Optio
 	if r.failed() {
 		return r
 	}
+	// Every file a must_pass test is in is the task's alone: one the test
+	// patch does not touch (a PASS_TO_PASS test's) is a hidden test too,
+	// as at the base commit, so the agent's edits of it never count,
+	// whatever its name (the verifier's default protect globs know only
+	// the usual ones).
 	for _, name := range mustPass {
 		file, _, _ := strings.Cut(name, "::")
-		if !containsString(testFiles, file) {
-			if _, err := os.Stat(filepath.Join(tree, filepath.FromSlash(file))); err != nil && hidden[path.Join(sw.Workdir, file)] == "" {
-				r.errorf("", "%s names %s, which neither the repository nor the test patch has", name, file)
+		if containsString(testFiles, file) {
+			continue
+		}
+		dst := path.Join(sw.Workdir, file)
+		if hidden[dst] == "" {
+			p := filepath.Join(tree, filepath.FromSlash(file))
+			info, err := os.Lstat(p)
+			if err != nil || !info.Mode().IsRegular() {
+				r.errorf("", "%s names %s, which neither the repository nor the test patch has as a file", name, file)
 				return r
 			}
-			testFiles = append(testFiles, file)
+			b, err := os.ReadFile(p)
+			if err != nil || !utf8.Valid(b) {
+				r.errorf("", "%s names %s, which cannot be read as text: %v", name, file, err)
+				return r
+			}
+			hidden[dst] = string(b)
 		}
+		testFiles = append(testFiles, file)
+	}
+	total := 0
+	for _, c := range hidden {
+		total += len(c)
+	}
+	if total > maxHiddenBytes {
+		r.errorf("test_patch", "%d bytes of tests: more than the %d a task carries", total, maxHiddenBytes)
+		return r
 	}
 	sort.Strings(testFiles)
 	quoted := make([]string, len(testFiles))
@@ -315,6 +354,10 @@ func snapshotRepo(ctx context.Context, r *Result, repos, instanceID, repo, base,
 		r.errorf("repo", "needs the repositories: --repos DIR (DIR/%s/ as the workspace, or a git repository DIR/<owner>__<name>)", instanceID)
 		return false
 	}
+	if !isLocalName(instanceID) {
+		r.errorf("instance_id", "%q cannot name a directory of --repos: an instance id is a plain name, without / or ..", instanceID)
+		return false
+	}
 	if ws := filepath.Join(repos, instanceID); isDir(ws) {
 		err := writeTarAtomic(tarPath, func(w io.Writer) error { return tarDir(ws, w) })
 		if err != nil {
@@ -329,7 +372,12 @@ func snapshotRepo(ctx context.Context, r *Result, repos, instanceID, repo, base,
 		return false
 	}
 	var candidates []string
-	if owner, name, ok := strings.Cut(repo, "/"); ok {
+	owner, name, hasOwner := strings.Cut(repo, "/")
+	if hasOwner && !(isLocalName(owner) && isLocalName(name)) || !hasOwner && repo != "" && !isLocalName(repo) {
+		r.errorf("repo", "%q is not OWNER/NAME (or NAME): it cannot name a repository of --repos", repo)
+		return false
+	}
+	if hasOwner {
 		candidates = append(candidates, filepath.Join(repos, owner+"__"+name), filepath.Join(repos, owner, name), filepath.Join(repos, name))
 	} else if repo != "" {
 		candidates = append(candidates, filepath.Join(repos, repo))
@@ -479,6 +527,7 @@ type patchFile struct {
 	old     string
 	deleted bool
 	binary  bool
+	symlink bool // the patch makes it a symbolic link
 }
 
 // patchFiles lists what a git diff touches.
@@ -505,6 +554,8 @@ func patchFiles(diff string) []patchFile {
 			cur.deleted = true
 		case strings.HasPrefix(l, "GIT binary patch"), strings.HasPrefix(l, "Binary files "):
 			cur.binary = true
+		case strings.HasPrefix(l, "new file mode 120000"), strings.HasPrefix(l, "new mode 120000"):
+			cur.symlink = true
 		}
 	}
 	return out
@@ -522,6 +573,9 @@ func applyTestPatch(ctx context.Context, r *Result, tree, patch, workdir string)
 	for _, f := range files {
 		if f.binary {
 			r.errorf("test_patch", "changes the binary file %s: hidden tests are text", f.path)
+		}
+		if f.symlink {
+			r.errorf("test_patch", "%s is a symbolic link after the patch: hidden tests are files", f.path)
 		}
 		if f.path == "" || !filepath.IsLocal(filepath.FromSlash(f.path)) {
 			r.errorf("test_patch", "a file path that is not inside the repository: %q", f.path)
@@ -552,7 +606,12 @@ func applyTestPatch(ctx context.Context, r *Result, tree, patch, workdir string)
 		if f.old != "" && f.old != f.path {
 			r.warnf("test_patch", "renames %s to %s: the old file stays as at the base commit in the verifier's sandbox", f.old, f.path)
 		}
-		b, err := os.ReadFile(filepath.Join(tree, filepath.FromSlash(f.path)))
+		p := filepath.Join(tree, filepath.FromSlash(f.path))
+		if info, err := os.Lstat(p); err == nil && !info.Mode().IsRegular() {
+			r.errorf("test_patch", "%s is not a regular file after the patch (%s): hidden tests are files", f.path, info.Mode().Type())
+			continue
+		}
+		b, err := os.ReadFile(p)
 		if err != nil {
 			r.errorf("test_patch", "%s after the patch: %v", f.path, err)
 			continue
@@ -570,6 +629,18 @@ func applyTestPatch(ctx context.Context, r *Result, tree, patch, workdir string)
 		}
 	}
 	return hidden, tests
+}
+
+// isLocalName reports whether s is one plain path component: not empty,
+// not . or .., without a separator.
+func isLocalName(s string) bool {
+	return s != "" && s != "." && s != ".." && !strings.ContainsAny(s, "/\\\x00")
+}
+
+// isLocalSlash reports whether the slash-separated path p stays inside the
+// directory it is relative to.
+func isLocalSlash(p string) bool {
+	return p != "" && !strings.ContainsAny(p, "\\\x00") && filepath.IsLocal(filepath.FromSlash(p)) && !path.IsAbs(p)
 }
 
 func containsString(list []string, s string) bool {

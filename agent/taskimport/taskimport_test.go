@@ -31,9 +31,17 @@ rename from tests/from.py
 rename to tests/to.py
 diff --git a/tests/data.bin b/tests/data.bin
 Binary files a/tests/data.bin and b/tests/data.bin differ
+diff --git a/tests/link.py b/tests/link.py
+new file mode 120000
+--- /dev/null
++++ b/tests/link.py
+@@ -0,0 +1 @@
++/etc/passwd
+\ No newline at end of file
 `
 	got := fmt.Sprint(patchFiles(diff))
-	want := "[{tests/test_a.py tests/test_a.py false false} {tests/new_test.py tests/new_test.py false false} {tests/old.py tests/old.py true false} {tests/to.py tests/from.py false false} {tests/data.bin tests/data.bin false true}]"
+	want := "[{tests/test_a.py tests/test_a.py false false false} {tests/new_test.py tests/new_test.py false false false} {tests/old.py tests/old.py true false false} " +
+		"{tests/to.py tests/from.py false false false} {tests/data.bin tests/data.bin false true false} {tests/link.py tests/link.py false false true}]"
 	if got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}

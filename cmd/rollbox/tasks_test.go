@@ -349,3 +349,152 @@ func TestTasksImportRefusesBadInputWithExit2(t *testing.T) {
 		t.Errorf("an existing --out was overwritten: %q", b)
 	}
 }
+
+// TestImportReadsNothingOutsideItsSource: a data set's names and links
+// cannot make the importer read host files into a task (a workspace, a
+// hidden test, a prompt), a test name cannot point the verifier outside the
+// repository, and two instances that map to one task id cannot overwrite
+// each other's workspace.
+func TestImportReadsNothingOutsideItsSource(t *testing.T) {
+	dir := t.TempDir()
+	repos := filepath.Join(dir, "repos")
+	secret := "HOST-SECRET-" + filepath.Base(dir)
+	writeTree(t, filepath.Join(dir, "outside"), map[string]string{"creds.txt": secret, "tests/test_m.py": "def test_x():\n    pass\n"})
+	writeTree(t, filepath.Join(dir, "outside-git", "placeholder"), map[string]string{"x": "x"})
+	if err := os.WriteFile(filepath.Join(dir, "secret.txt"), []byte(secret), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base := map[string]string{"m.py": "X = 1\n", "tests/test_m.py": "def test_x():\n    pass\n"}
+	for _, id := range []string{"ok-1", "dup a", "dup-a", "link-3", "escape-4", "abs-5"} {
+		writeTree(t, filepath.Join(repos, id), base)
+	}
+	if err := os.WriteFile(filepath.Join(repos, "dup a", "which.txt"), []byte("first\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(repos, "dup-a", "which.txt"), []byte("second\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	patch := "diff --git a/tests/test_m.py b/tests/test_m.py\n--- a/tests/test_m.py\n+++ b/tests/test_m.py\n@@ -1,2 +1,5 @@\n def test_x():\n     pass\n+\n+def test_y():\n+    pass\n"
+	linkPatch := patch + "diff --git a/tests/test_link.py b/tests/test_link.py\nnew file mode 120000\n--- /dev/null\n+++ b/tests/test_link.py\n@@ -0,0 +1 @@\n+" +
+		filepath.Join(dir, "secret.txt") + "\n\\ No newline at end of file\n"
+	inst := func(id string, over map[string]any) string {
+		m := map[string]any{"instance_id": id, "repo": "acme/m", "base_commit": "abc", "problem_statement": "fix it",
+			"test_patch": patch, "FAIL_TO_PASS": []string{"tests/test_m.py::test_y"}, "PASS_TO_PASS": []string{"tests/test_m.py::test_x"}}
+		for k, v := range over {
+			m[k] = v
+		}
+		b, _ := json.Marshal(m)
+		return string(b)
+	}
+	lines := []string{
+		inst("ok-1", nil),
+		inst("../outside", nil), // a workspace outside --repos
+		inst("no-ws-2", map[string]any{"repo": "../outside-git"}), // a repository outside --repos
+		inst("dup a", nil), // imported as dup-a
+		inst("dup-a", nil), // the same task id: refused, the first's workspace kept
+		inst("link-3", map[string]any{"test_patch": linkPatch}), // a test patch that adds a symbolic link to a host file
+		inst("escape-4", map[string]any{"FAIL_TO_PASS": []string{"../outside/tests/test_m.py::test_x"}}),
+		inst("abs-5", map[string]any{"PASS_TO_PASS": []string{filepath.Join(dir, "outside/tests/test_m.py") + "::test_x"}}),
+		inst("missing-6", map[string]any{"problem_statement": nil, "test_patch": 7, "FAIL_TO_PASS": map[string]any{"x": 1}}),
+	}
+	file := filepath.Join(dir, "instances.jsonl")
+	os.WriteFile(file, []byte(strings.Join(lines, "\n")+"\n"), 0o644)
+	out := filepath.Join(dir, "swe.jsonl")
+	rep, text := importReport(t, 1, "--format", "swebench", file, "--repos", repos, "--out", out)
+	want := map[int]string{
+		2: `instance_id: "../outside" cannot name a directory`,
+		3: `repo: "../outside-git" is not OWNER/NAME`,
+		5: `id: task id "dup-a" is also`,
+		6: "tests/test_link.py is a symbolic link",
+		7: `FAIL_TO_PASS[0]: "../outside/tests/test_m.py::test_x" names a file outside the repository`,
+		8: `PASS_TO_PASS[0]: "` + filepath.Join(dir, "outside/tests/test_m.py") + `::test_x" names a file outside the repository`,
+		9: "problem_statement: required",
+	}
+	for _, r := range rep.Tasks {
+		_, line, _ := strings.Cut(r.Source, ".jsonl:")
+		n := 0
+		fmt.Sscan(line, &n)
+		errs := problems(r, taskimport.SeverityError)
+		switch {
+		case n == 1 || n == 4:
+			if !r.Imported {
+				t.Errorf("line %d not imported: %s", n, errs)
+			}
+		case want[n] == "":
+			t.Errorf("unexpected %+v", r)
+		case r.Imported || !strings.Contains(errs, want[n]):
+			t.Errorf("line %d: imported %v, errors %q, want %q", n, r.Imported, errs, want[n])
+		}
+	}
+	if rep.Imported != 2 {
+		t.Errorf("%d imported:\n%s", rep.Imported, text)
+	}
+	// Nothing of the host's is in what the import wrote, and the first
+	// dup-a kept its own workspace.
+	filepath.WalkDir(filepath.Join(dir, "swe.workspaces"), func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			b, _ := os.ReadFile(p)
+			if strings.Contains(string(b), secret) {
+				t.Errorf("%s holds the host's secret", p)
+			}
+		}
+		return nil
+	})
+	if b, _ := os.ReadFile(out); strings.Contains(string(b), secret) {
+		t.Errorf("the task file holds the host's secret")
+	}
+	ws, err := exec.Command("tar", "-xOf", filepath.Join(dir, "swe.workspaces", "dup-a.tar"), "which.txt").Output()
+	if err != nil || string(ws) != "first\n" {
+		t.Errorf("dup-a's workspace is %q (%v), want the first instance's", ws, err)
+	}
+}
+
+// TestImportedTestsTheAgentEditsDoNotCount: a PASS_TO_PASS test in a file
+// the test patch does not touch, named so the verifier's default protect
+// globs do not know it as a test (checks/check_*.py, as the repository's
+// pytest.ini says), is the task's alone too: an agent that breaks the code
+// and edits that test to match scores 0; the honest fix scores 1.
+func TestImportedTestsTheAgentEditsDoNotCount(t *testing.T) {
+	needDocker(t)
+	t.Setenv("ROLLBOX_OWNER", "rollbox-test-import-p2p")
+	dir := t.TempDir()
+	repos := filepath.Join(dir, "repos")
+	writeTree(t, filepath.Join(repos, "acme__m-1"), map[string]string{
+		"pytest.ini":        "[pytest]\npython_files = check_*.py\n",
+		"m.py":              "def double(x):\n    return x * 2\n\n\ndef half(x):\n    return x * 2\n",
+		"checks/check_m.py": "from m import double\n\n\ndef test_double():\n    assert double(2) == 4\n",
+	})
+	patch := "diff --git a/checks/check_half.py b/checks/check_half.py\nnew file mode 100644\n--- /dev/null\n+++ b/checks/check_half.py\n@@ -0,0 +1,5 @@\n+from m import half\n+\n+\n+def test_half():\n+    assert half(4) == 2\n"
+	inst, _ := json.Marshal(map[string]any{"instance_id": "acme__m-1", "repo": "acme/m", "base_commit": "abc",
+		"problem_statement": "half(4) returns 8", "test_patch": patch,
+		"FAIL_TO_PASS": []string{"checks/check_half.py::test_half"}, "PASS_TO_PASS": []string{"checks/check_m.py::test_double"}})
+	file := filepath.Join(dir, "instances.jsonl")
+	os.WriteFile(file, append(inst, '\n'), 0o644)
+	tasks := filepath.Join(dir, "swe.jsonl")
+	rep, text := importReport(t, 0, "--format", "swebench", file, "--repos", repos, "--out", tasks)
+	if rep.Imported != 1 {
+		t.Fatalf("%s", text)
+	}
+	write := func(p, c string) map[string]any {
+		return map[string]any{"tool_calls": []any{map[string]any{"name": "write_file", "arguments": map[string]any{"path": p, "content": c}}}}
+	}
+	finish := map[string]any{"tool_calls": []any{map[string]any{"name": "finish", "arguments": map[string]any{}}}}
+	policy := func(name string, turns ...map[string]any) string {
+		b, _ := json.Marshal(map[string]any{"task_id": "acme__m-1", "turns": turns})
+		p := filepath.Join(dir, name+".jsonl")
+		os.WriteFile(p, append(b, '\n'), 0o644)
+		return p
+	}
+	solve := policy("solve", write("/testbed/m.py", "def double(x):\n    return x * 2\n\n\ndef half(x):\n    return x // 2\n"), finish)
+	cheat := policy("cheat",
+		write("/testbed/m.py", "def double(x):\n    return x\n\n\ndef half(x):\n    return x // 2\n"),
+		write("/testbed/checks/check_m.py", "from m import double\n\n\ndef test_double():\n    assert double(2) == 2\n"), finish)
+	for name, c := range map[string]struct {
+		policy string
+		want   float64
+	}{"solve": {solve, 1}, "cheat": {cheat, 0}} {
+		if got := runRewards(t, tasks, c.policy)["acme__m-1"]; got != c.want {
+			t.Errorf("%s: reward %v, want %v", name, got, c.want)
+		}
+	}
+}
