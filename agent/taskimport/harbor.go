@@ -179,7 +179,11 @@ func importHarborTask(ctx context.Context, dir string, opts *Options, ids map[st
 
 	// task.toml
 	var cfg harborConfig
-	meta, err := toml.DecodeFile(filepath.Join(dir, "task.toml"), &cfg)
+	var meta toml.MetaData
+	text, err := readTaskFile(dir, "task.toml")
+	if err == nil {
+		meta, err = toml.Decode(string(text), &cfg)
+	}
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		if _, yerr := os.Stat(filepath.Join(dir, "task.yaml")); yerr == nil {
@@ -216,7 +220,7 @@ func importHarborTask(ctx context.Context, dir string, opts *Options, ids map[st
 	}
 
 	// instruction.md
-	instr, err := os.ReadFile(filepath.Join(dir, "instruction.md"))
+	instr, err := readTaskFile(dir, "instruction.md")
 	switch {
 	case err != nil:
 		r.errorf("instruction.md", "%v", err)
@@ -242,6 +246,25 @@ func importHarborTask(ctx context.Context, dir string, opts *Options, ids map[st
 	}
 	r.Task = t
 	return r
+}
+
+// readTaskFile reads a file of the task directory that must be a regular
+// file: a symbolic link (a data set's link to a host file, whose content
+// would become the prompt) is refused.
+func readTaskFile(dir, name string) ([]byte, error) {
+	p := filepath.Join(dir, name)
+	info, err := os.Lstat(p)
+	if err != nil {
+		return nil, err
+	}
+	if !info.Mode().IsRegular() {
+		kind := "not a regular file"
+		if info.Mode()&fs.ModeSymlink != 0 {
+			kind = "a symbolic link"
+		}
+		return nil, fmt.Errorf("%s: task files are regular files of the task directory", kind)
+	}
+	return os.ReadFile(p)
 }
 
 // harborLimits maps the agent's and the environment's limits and notes
@@ -483,6 +506,14 @@ func harborEnvironment(ctx context.Context, r *Result, t *agent.Task, dir string
 	if workdir == "" || workdir == "/" {
 		workdir = HarborDefaultWorkdir
 		r.notef("environment", "the image sets no WORKDIR: the agent works in %s", workdir)
+	}
+	switch {
+	case workdir == harborRoot || strings.HasPrefix(harborRoot, workdir+"/"):
+		r.errorf("environment", "the image's WORKDIR %s holds %s, where the verifier puts the hidden tests and the reward file: the agent's files there would be copied beside them (use another WORKDIR, e.g. /app)", workdir, harborRoot)
+		return
+	case strings.HasPrefix(workdir, harborRoot+"/"):
+		r.errorf("environment", "the image's WORKDIR %s is in %s, where the verifier puts the hidden tests and the reward file (use another WORKDIR, e.g. /app)", workdir, harborRoot)
+		return
 	}
 	t.Sandbox.Workdir = workdir
 	absWS, relWS := opts.workspaceDir()

@@ -498,3 +498,66 @@ func TestImportedTestsTheAgentEditsDoNotCount(t *testing.T) {
 		}
 	}
 }
+
+// TestHarborImportReadsNothingOutsideItsTask: a Harbor task's files that
+// are symbolic links (to a host file) are refused, not followed into the
+// prompt or the configuration, and an image whose WORKDIR holds where the
+// verifier puts the hidden tests (the agent's files there would be copied
+// beside them) is refused.
+func TestHarborImportReadsNothingOutsideItsTask(t *testing.T) {
+	needDocker(t)
+	t.Setenv("ROLLBOX_OWNER", "rollbox-test-import-harbor-links")
+	dir := t.TempDir()
+	secret := "HOST-SECRET-" + filepath.Base(dir)
+	os.WriteFile(filepath.Join(dir, "secret.txt"), []byte(secret+"\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "secret.toml"), []byte("[metadata]\nsecret = \""+secret+"\"\n"), 0o644)
+	src := filepath.Join(dir, "harbor")
+	task := func(name string, files map[string]string) string {
+		all := map[string]string{"instruction.md": "Do it.", "tests/test.sh": "echo 1 > /logs/verifier/reward.txt\n",
+			"environment/Dockerfile": "FROM rollbox/base:latest\nWORKDIR /app\n"}
+		for k, v := range files {
+			all[k] = v
+		}
+		d := filepath.Join(src, name)
+		writeTree(t, d, all)
+		return d
+	}
+	for _, l := range []struct{ task, file, target string }{
+		{"link-instruction", "instruction.md", filepath.Join(dir, "secret.txt")},
+		{"link-toml", "task.toml", filepath.Join(dir, "secret.toml")},
+	} {
+		d := task(l.task, nil)
+		os.Remove(filepath.Join(d, l.file))
+		if err := os.Symlink(l.target, filepath.Join(d, l.file)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	task("workdir-tmp", map[string]string{"environment/Dockerfile": "FROM rollbox/base:latest\nWORKDIR /tmp\n"})
+	task("workdir-harbor", map[string]string{"environment/Dockerfile": "FROM rollbox/base:latest\nWORKDIR /tmp/harbor/tests\n"})
+	task("ok", nil)
+	out := filepath.Join(dir, "tb.jsonl")
+	rep, text := importReport(t, 1, "--format", "harbor", src, "--out", out)
+	want := map[string]string{
+		"link-instruction": "instruction.md: a symbolic link",
+		"link-toml":        "task.toml: a symbolic link",
+		"workdir-tmp":      "WORKDIR /tmp holds /tmp/harbor",
+		"workdir-harbor":   "WORKDIR /tmp/harbor/tests is in /tmp/harbor",
+	}
+	for _, r := range rep.Tasks {
+		errs := problems(r, taskimport.SeverityError)
+		switch {
+		case r.ID == "ok":
+			if !r.Imported {
+				t.Errorf("ok not imported: %s", errs)
+			}
+		case r.Imported || !strings.Contains(errs, want[r.ID]):
+			t.Errorf("%s: imported %v, errors %q, want %q", r.ID, r.Imported, errs, want[r.ID])
+		}
+	}
+	if rep.Imported != 1 {
+		t.Errorf("%s", text)
+	}
+	if b, _ := os.ReadFile(out); strings.Contains(string(b), secret) {
+		t.Errorf("the task file holds the host's secret:\n%s", b)
+	}
+}
