@@ -16,6 +16,9 @@ const Schema = "rollbox.trajectory/v1"
 const (
 	StepModel = "model"
 	StepTool  = "tool"
+	// StepUser is a user message after the first (the first is the task's
+	// prompt): imported production conversations have them.
+	StepUser = "user"
 )
 
 // Termination reasons.
@@ -104,6 +107,104 @@ type Trajectory struct {
 	Rescore *Rescore `json:"rescore,omitempty"`
 	// Group is set on streamed episodes once their GRPO group completes.
 	Group *GroupStats `json:"group,omitempty"`
+	// Source says where the episode comes from: SourceRollout, SourceEnv,
+	// SourceProduction (POST /v1/imports) or an importer's own label. Empty
+	// on records written before it (SourceOf infers it).
+	Source string `json:"source,omitempty"`
+	// Import is set on an imported episode: what it was imported as.
+	Import *Import `json:"import,omitempty"`
+	// Redactions are what was redacted from an imported episode before it
+	// was stored: kinds, places and counts, never the text.
+	Redactions []Redaction `json:"redactions,omitempty"`
+	// Outcomes are the late outcome signals of an imported episode and
+	// the spec that turns them into its reward when the window closes.
+	Outcomes *Outcomes `json:"outcomes,omitempty"`
+}
+
+// Sources of an episode.
+const (
+	SourceRollout    = "rollout"
+	SourceEnv        = "env"
+	SourceProduction = "production"
+)
+
+// SourceOf is t.Source, or, on a record written before sources, rollout
+// when it has a rollout id and env otherwise.
+func SourceOf(t *Trajectory) string {
+	switch {
+	case t.Source != "":
+		return t.Source
+	case t.RolloutID != "":
+		return SourceRollout
+	}
+	return SourceEnv
+}
+
+// Import says what an imported episode was imported as.
+type Import struct {
+	// ExternalID is the caller's stable id (deduplicated per tenant and
+	// source: the episode id is derived from it).
+	ExternalID string `json:"external_id"`
+	// Format is the line's format: "openai" (chat completions) or
+	// "trajectory" (a Rollbox record).
+	Format     string    `json:"format"`
+	ImportedAt time.Time `json:"imported_at"`
+	// PolicyVersion is the deployment's policy version that served it.
+	PolicyVersion string `json:"policy_version"`
+	// GroupBy is how its group was chosen: "group_id" (the caller's),
+	// "task_id" or "prompt" (the normalized first user message); GroupKey
+	// is the key itself (a hash for a prompt).
+	GroupBy  string `json:"group_by"`
+	GroupKey string `json:"group_key"`
+	// Missing lists what a replay needs that the record lacks (an
+	// imported chat has no sandbox image, workspace or tools).
+	Missing []string `json:"missing,omitempty"`
+	// Metadata is the caller's, as given (redacted like the rest).
+	Metadata json.RawMessage `json:"metadata,omitempty"`
+}
+
+// Redaction is one kind of secret redacted at one place, how many times.
+type Redaction struct {
+	Kind string `json:"kind"`
+	// Path is where in the imported line: messages[2].content,
+	// steps[4].output, metadata.note, ...
+	Path  string `json:"path"`
+	Count int    `json:"count"`
+}
+
+// Outcome statuses.
+const (
+	OutcomePending = "pending"
+	OutcomeScored  = "scored"
+)
+
+// Outcomes are an imported episode's late signals and what became of them.
+type Outcomes struct {
+	// Status is OutcomePending until MaturesAt, then OutcomeScored.
+	Status    string     `json:"status"`
+	MaturesAt time.Time  `json:"matures_at"`
+	ScoredAt  *time.Time `json:"scored_at,omitempty"`
+	// Spec is the outcome reward spec fixed at import.
+	Spec    json.RawMessage `json:"spec"`
+	Signals []Signal        `json:"signals"`
+}
+
+// Signal is one outcome signal: a name (accepted, reverted, thumbs,
+// tests_passed or the caller's own), its value as a number, when it
+// happened and who said so.
+type Signal struct {
+	Name string `json:"name"`
+	// Value is the signal as a number (true 1, false 0, thumbs up 1, down
+	// -1); Raw is the value as given when it was not a number.
+	Value float64         `json:"value"`
+	Raw   json.RawMessage `json:"raw,omitempty"`
+	// At is when it happened, as given (empty when not given).
+	At     string    `json:"at,omitempty"`
+	Source string    `json:"source,omitempty"`
+	Recv   time.Time `json:"received_at"`
+	// Late marks a signal received after the window closed: recorded, not
+	// in the reward.
+	Late bool `json:"late,omitempty"`
 }
 
 // Value returns the episode's reward and whether it was scored: false when
@@ -399,10 +500,18 @@ const (
 	// RewardUnrecorded: a rescore needed a part of the reward the record
 	// does not hold (a tests score of an episode whose reward had none).
 	RewardUnrecorded = "unrecorded"
+	// RewardPending: an imported episode whose outcome window has not
+	// closed; it is scored when it does (Outcomes), never before.
+	RewardPending = "pending"
+	// RewardMissingSignal: the window closed without a signal the outcome
+	// spec needs and gives no default for.
+	RewardMissingSignal = "missing_signal"
 )
 
 // RewardErrorKinds is the closed list of Reward.ErrorKind values.
-func RewardErrorKinds() []string { return []string{RewardJudgeError, RewardUnrecorded} }
+func RewardErrorKinds() []string {
+	return []string{RewardJudgeError, RewardUnrecorded, RewardPending, RewardMissingSignal}
+}
 
 // Score returns a total for Reward.Total.
 func Score(v float64) *float64 { return &v }
@@ -784,3 +893,8 @@ func (m *Monitors) Triggered() []string {
 	}
 	return out
 }
+
+// StatsOf totals a trajectory's steps (turns, tool calls and errors,
+// tokens, policy versions, durations), as a record of an episode that did
+// not record its own stats needs.
+func StatsOf(t *Trajectory) Stats { return statsOf(t) }
