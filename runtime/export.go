@@ -53,6 +53,17 @@ type ExportRow struct {
 	Messages         string   `parquet:"messages" json:"messages"` // JSON array of chat messages
 	Steps            string   `parquet:"steps" json:"steps"`       // JSON array of the trajectory's steps
 	TrajectorySchema string   `parquet:"trajectory_schema" json:"trajectory_schema"`
+	// Source is rollout, env, production or an importer's label;
+	// PolicyVersion the version that produced the episode (an imported
+	// episode's deployment's, else its turns' when they all agree).
+	Source        string `parquet:"source" json:"source"`
+	PolicyVersion string `parquet:"policy_version" json:"policy_version"`
+	// OutcomeStatus is pending or scored for an imported episode (empty
+	// otherwise); Signals its outcome signals (JSON array), Redactions
+	// what was redacted at import (JSON array).
+	OutcomeStatus string `parquet:"outcome_status" json:"outcome_status"`
+	Signals       string `parquet:"signals" json:"signals"`
+	Redactions    string `parquet:"redactions" json:"redactions"`
 }
 
 // exportMessage is a chat message of the export's messages column.
@@ -71,7 +82,23 @@ func RowOf(t *trajectory.Trajectory) ExportRow {
 		ImageDigest: t.Sandbox.ImageDigest, PolicyModel: t.Policy.Model, Turns: int32(t.Stats.Turns),
 		ToolCalls: int32(t.Stats.ToolCalls), PromptTokens: t.Stats.PromptTokens, CompletionTokens: t.Stats.CompletionTokens,
 		DurationMS: t.Stats.DurationMS, StartedAtUnixMS: t.StartedAt.UnixMilli(), TrajectorySchema: t.Schema,
-		RewardComponents: "{}", ToolErrors: "{}"}
+		RewardComponents: "{}", ToolErrors: "{}", Source: trajectory.SourceOf(t), Signals: "[]", Redactions: "[]"}
+	if t.Import != nil {
+		row.PolicyVersion = t.Import.PolicyVersion
+	} else if len(t.Stats.PolicyVersions) == 1 {
+		for v := range t.Stats.PolicyVersions {
+			row.PolicyVersion = v
+		}
+	}
+	if o := t.Outcomes; o != nil {
+		row.OutcomeStatus = o.Status
+		b, _ := json.Marshal(o.Signals)
+		row.Signals = string(b)
+	}
+	if len(t.Redactions) > 0 {
+		b, _ := json.Marshal(t.Redactions)
+		row.Redactions = string(b)
+	}
 	if t.Termination != nil {
 		row.Termination, row.TerminationMessage, row.Answer = t.Termination.Reason, t.Termination.Message, t.Termination.Answer
 	}
@@ -121,6 +148,12 @@ func Messages(t *trajectory.Trajectory) []exportMessage {
 			out = append(out, exportMessage{Role: "assistant", Content: s.Content, ToolCalls: s.ToolCalls})
 		case trajectory.StepTool:
 			out = append(out, exportMessage{Role: "tool", Content: s.Output, ToolCallID: s.CallID, Name: s.Name})
+		case trajectory.StepUser:
+			role := "user"
+			if s.Name != "" {
+				role = s.Name // a system or developer message within an imported conversation
+			}
+			out = append(out, exportMessage{Role: role, Content: s.Content})
 		}
 	}
 	return out

@@ -55,6 +55,8 @@ type SegmentRow struct {
 	TokenizerRevision    string `parquet:"tokenizer_revision" json:"tokenizer_revision"`
 	TokenizerFingerprint string `parquet:"tokenizer_fingerprint" json:"tokenizer_fingerprint"`
 	TrajectorySchema     string `parquet:"trajectory_schema" json:"trajectory_schema"`
+	// Source is rollout, env, production or an importer's label.
+	Source string `parquet:"source" json:"source"`
 }
 
 // SegmentRowsOf flattens a token-mode trajectory into one row per
@@ -69,7 +71,8 @@ func SegmentRowsOf(t *trajectory.Trajectory) []SegmentRow {
 		row := SegmentRow{EpisodeID: t.EpisodeID, RolloutID: t.RolloutID, GroupID: t.GroupID, GroupIndex: int32(t.GroupIndex),
 			TaskID: t.TaskID, Segment: int32(k), Segments: int32(len(segs)), StartTurn: int32(seg.StartTurn), EndTurn: int32(seg.EndTurn),
 			Reason: seg.Reason, InputIDs: seg.Ids, LossMask: make([]int32, len(seg.LossMask)), Logprobs: make([]float64, len(seg.Ids)),
-			LogprobsComplete: true, PromptLength: int32(len(seg.Ids)), PolicyVersions: []string{}, TrajectorySchema: t.Schema}
+			LogprobsComplete: true, PromptLength: int32(len(seg.Ids)), PolicyVersions: []string{}, TrajectorySchema: t.Schema,
+			Source: trajectory.SourceOf(t)}
 		first := true
 		for i, m := range seg.LossMask {
 			row.LossMask[i] = int32(m)

@@ -37,6 +37,10 @@ type Metrics struct {
 	JudgeDuration   *prometheus.HistogramVec // endpoint
 	JudgeWait       *prometheus.HistogramVec // endpoint
 	MemoryReclaims  prometheus.Counter
+	Imported        prometheus.Counter
+	ImportedBytes   prometheus.Counter
+	ImportsRefused  prometheus.Counter
+	OutcomesScored  prometheus.Counter
 }
 
 // latencyBuckets span 100 µs to ~100 s.
@@ -90,11 +94,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Time a judge request waited for one of its endpoint's slots.", Buckets: latencyBuckets}, []string{"endpoint"}),
 		MemoryReclaims: prometheus.NewCounter(prometheus.CounterOpts{Name: "rollbox_memory_reclaims_total",
 			Help: "Times the idle service closed its idle policy connections and returned its free memory to the system."}),
+		Imported: prometheus.NewCounter(prometheus.CounterOpts{Name: "rollbox_imported_episodes_total",
+			Help: "Episodes stored by POST /v1/imports (duplicates and refused lines not counted)."}),
+		ImportedBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "rollbox_import_bytes_total",
+			Help: "Bytes of NDJSON read by imports that completed."}),
+		ImportsRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "rollbox_imports_refused_total",
+			Help: "Imports refused with 429 because --max-imports were running."}),
+		OutcomesScored: prometheus.NewCounter(prometheus.CounterOpts{Name: "rollbox_outcomes_scored_total",
+			Help: "Imported episodes scored when their outcome window closed."}),
 	}
 	reg.MustRegister(m.Episodes, m.EpisodesEnded, m.Turns, m.ToolCalls, m.ToolDuration, m.ToolErrors,
 		m.PolicyDuration, m.PolicyWait, m.PolicyInflight, m.PolicyErrors, m.SandboxAcquire, m.SandboxFailures,
 		m.InfraRetries, m.Rejected, m.Rollouts, m.HTTPRequests, m.Recovered,
 		m.Monitors, m.Unscored, m.JudgeRequests, m.JudgeDuration, m.JudgeWait, m.MemoryReclaims,
+		m.Imported, m.ImportedBytes, m.ImportsRefused, m.OutcomesScored,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rollbox_process_peak_rss_bytes",
 			Help: "Peak resident set size of this process (VmHWM)."}, func() float64 { return float64(PeakRSS()) }))
 	return m

@@ -52,6 +52,17 @@ type Limits struct {
 	// StorageCheckEvery is how often the data directory's free space is
 	// measured (default 1 s; every tenth check also writes a probe file).
 	StorageCheckEvery time.Duration
+	// MaxImports bounds imports (POST /v1/imports) running at once; one
+	// more is refused with 429 (default 4).
+	MaxImports int
+	// MaxImportEpisodeBytes caps one imported episode (one NDJSON line);
+	// a longer line is refused and skipped without being kept (default 16
+	// MiB).
+	MaxImportEpisodeBytes int
+	// OutcomeCheckEvery is how often imported episodes whose outcome
+	// window closed are scored (default 1 s; readers score what is due
+	// before they read anyway).
+	OutcomeCheckEvery time.Duration
 }
 
 func (l Limits) withDefaults() Limits {
@@ -94,6 +105,15 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.StorageCheckEvery <= 0 {
 		l.StorageCheckEvery = time.Second
+	}
+	if l.MaxImports <= 0 {
+		l.MaxImports = 4
+	}
+	if l.MaxImportEpisodeBytes <= 0 {
+		l.MaxImportEpisodeBytes = 16 << 20
+	}
+	if l.OutcomeCheckEvery <= 0 {
+		l.OutcomeCheckEvery = time.Second
 	}
 	return l
 }

@@ -121,8 +121,9 @@ func LoopbackHosts() []string { return []string{"localhost", "127.0.0.1", "::1"}
 //     operator visits may drive the service; and nothing answers CORS;
 //   - with Tenants, every route but /healthz and /openapi.json needs
 //     "Authorization: Bearer TOKEN" (401 otherwise);
-//   - a body is JSON, sent as Content-Type: application/json, so a browser
-//     cannot send it as a "simple" cross-site request (415 otherwise).
+//   - a body is JSON, sent as Content-Type: application/json (or, to
+//     /v1/imports, application/x-ndjson), so a browser cannot send it as a
+//     "simple" cross-site request (415 otherwise).
 func (s *Server) guard(r *http.Request, public bool) (*http.Request, error) {
 	if hosts := s.opts.AllowedHosts; len(hosts) > 0 && !hostAllowed(r.Host, hosts) {
 		return r, &apiError{Status: http.StatusForbidden, Code: codeForbidden,
@@ -153,6 +154,9 @@ func (s *Server) guard(r *http.Request, public bool) (*http.Request, error) {
 	case http.MethodPost, http.MethodPut, http.MethodPatch:
 		ct := r.Header.Get("Content-Type")
 		mt, _, err := mime.ParseMediaType(ct)
+		if err == nil && mt == "application/x-ndjson" && r.URL.Path == "/v1/imports" {
+			break // NDJSON is no more a "simple" cross-site request than JSON
+		}
 		if err != nil || mt != "application/json" {
 			return r, &apiError{Status: http.StatusUnsupportedMediaType, Code: codeUnsupportedMedia, Field: "Content-Type",
 				Message: fmt.Sprintf("the body must be JSON sent as Content-Type: application/json, not %q", ct)}

@@ -65,6 +65,16 @@ type Options struct {
 	// metrics.
 	Judge judge.Options
 
+	// OutcomeSpec is the outcome reward of imported episodes that bring
+	// none (DefaultOutcomeSpec when nil).
+	OutcomeSpec *OutcomeSpec
+	// Redactor redacts imported episodes before they are stored (the
+	// default patterns when nil).
+	Redactor *Redactor
+	// Now is the clock of outcome windows (time.Now when nil; tests move
+	// it).
+	Now func() time.Time
+
 	// recoveryGate, when set (by tests), holds the recovery until closed.
 	recoveryGate chan struct{}
 }
@@ -120,6 +130,17 @@ type Server struct {
 	policyVersions map[string]string
 	closeOnce      sync.Once
 	closeErr       error
+
+	// Imports: a slot each running import holds (429 when none is free);
+	// importMu makes chunks durable one at a time (no id stored twice);
+	// outcomeMu serialises changes to imported records (signals, scoring).
+	importSlots     chan struct{}
+	importMu        sync.Mutex
+	outcomeMu       sync.Mutex
+	outcomeSpec     *OutcomeSpec
+	outcomeSpecJSON json.RawMessage
+	redactor        *Redactor
+	now             func() time.Time
 }
 
 // Open opens the data directory and starts the service at once: the
@@ -162,6 +183,18 @@ func Open(opts Options) (*Server, error) {
 		catalog: map[string]*agent.Task{}, rollouts: map[string]*rollout{}, env: map[string]*envEpisode{}, started: time.Now(),
 		recovering: map[string]bool{}, recovered: make(chan struct{})}
 	s.maxima = opts.Maxima.withDefaults(s.limits)
+	s.importSlots = make(chan struct{}, s.limits.MaxImports)
+	s.outcomeSpec, s.redactor, s.now = opts.OutcomeSpec, opts.Redactor, opts.Now
+	if s.outcomeSpec == nil {
+		s.outcomeSpec = DefaultOutcomeSpec()
+	}
+	s.outcomeSpecJSON, _ = json.Marshal(s.outcomeSpec)
+	if s.redactor == nil {
+		s.redactor, _ = NewRedactor(RedactionConfig{})
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
 	for _, t := range opts.Catalog {
 		s.catalog[t.ID] = t
 	}
@@ -187,8 +220,9 @@ func Open(opts Options) (*Server, error) {
 	// (503 "recovering"); a clean data directory answers everything at once.
 	s.recoveringAny.Store(len(unfinished) > 0 || len(openEnv) > 0)
 	s.sched = newScheduler(s.limits, s.startJob, s.storage.ok)
-	s.bg.Add(6)
+	s.bg.Add(7)
 	go func() { defer s.bg.Done(); s.reclaimWhenIdle(s.ctx) }()
+	go func() { defer s.bg.Done(); s.sweepOutcomes(s.ctx.Done()) }()
 	go func() { defer s.bg.Done(); s.sched.run(s.ctx) }()
 	go func() { defer s.bg.Done(); s.sched.sizePools(s.ctx, s.sandboxes) }()
 	go func() { defer s.bg.Done(); s.reapIdle(s.ctx) }()
@@ -272,6 +306,9 @@ func (s *Server) routeTable() []struct {
 		{Route{"POST", "/v1/episodes/{id}/step"}, s.postStep},
 		{Route{"POST", "/v1/episodes/{id}/finish"}, s.postFinish},
 		{Route{"POST", "/v1/episodes/{id}/fork"}, s.postFork},
+		{Route{"POST", "/v1/episodes/{id}/outcomes"}, s.postOutcomes},
+		{Route{"POST", "/v1/imports"}, s.postImport},
+		{Route{"GET", "/v1/export"}, s.exportEpisodes},
 		{Route{"GET", "/metrics"}, s.getMetrics},
 		{Route{"GET", "/healthz"}, s.getHealth},
 		{Route{"GET", "/openapi.json"}, s.getOpenAPI},

@@ -68,7 +68,7 @@ type rolloutRecord struct {
 // episodeRecord is an episode as indexed. Env-mode episodes have no rollout.
 type episodeRecord struct {
 	ID         string         `json:"id"`
-	Mode       string         `json:"mode"` // rollout or env
+	Mode       string         `json:"mode"` // rollout, env or import
 	RolloutID  string         `json:"rollout_id,omitempty"`
 	GroupID    string         `json:"group_id,omitempty"`
 	GroupIndex int            `json:"group_index"`
@@ -87,6 +87,15 @@ type episodeRecord struct {
 	Tenant string `json:"tenant,omitempty"`
 	// Monitors are the monitors the episode triggered (group statistics).
 	Monitors []string `json:"monitors,omitempty"`
+	// Imported episodes (Mode "import"): their source, the deployment's
+	// policy version, the caller's id, when they were imported, when their
+	// outcome window closes, and their outcome status (pending, scored).
+	Source        string     `json:"source,omitempty"`
+	PolicyVersion string     `json:"policy_version,omitempty"`
+	ExternalID    string     `json:"external_id,omitempty"`
+	ImportedAt    *time.Time `json:"imported_at,omitempty"`
+	MaturesAt     *time.Time `json:"matures_at,omitempty"`
+	Outcome       string     `json:"outcome,omitempty"`
 }
 
 func openStore(dir string) (*store, error) {
@@ -104,7 +113,7 @@ func openStore(dir string) (*store, error) {
 		return nil, fmt.Errorf("open %s: %w", filepath.Join(dir, "rollbox.db"), err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketRollouts, bucketEpisodes} {
+		for _, b := range [][]byte{bucketRollouts, bucketEpisodes, bucketGroups, bucketMaturing} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}

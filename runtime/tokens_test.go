@@ -160,7 +160,7 @@ func TestATokenRolloutAgainstAServerWithoutATokenizerIsRefusedAtAdmission(t *tes
 // parquet-go's generic reader (not runtime.SegmentRow).
 var segmentColumns = []string{"episode_id", "rollout_id", "group_id", "group_index", "task_id", "segment", "segments", "start_turn", "end_turn",
 	"reason", "input_ids", "loss_mask", "logprobs", "logprobs_complete", "prompt_length", "scored", "reward", "advantage", "termination",
-	"policy_version", "policy_versions", "tokenizer_model", "tokenizer_revision", "tokenizer_fingerprint", "trajectory_schema"}
+	"policy_version", "policy_versions", "tokenizer_model", "tokenizer_revision", "tokenizer_fingerprint", "trajectory_schema", "source"}
 
 func TestASearchEpisodeThatPrunesExportsOneParquetRowPerSegment(t *testing.T) {
 	dir := t.TempDir()
