@@ -105,7 +105,7 @@ Docs: README.md and docs/ in the repository.`,
 		c.GroupID = "sandboxes"
 		root.AddCommand(c)
 	}
-	for _, c := range []*cobra.Command{newServeCmd(env), newBenchCmd(env)} {
+	for _, c := range []*cobra.Command{newServeCmd(env), newImportCmd(env), newBenchCmd(env)} {
 		c.GroupID = "service"
 		root.AddCommand(c)
 	}

@@ -67,6 +67,10 @@ stderr.`,
 	allowedHosts := fs.String("allowed-hosts", "", "`HOST,...` the service answers to in the Host header (* for any; default: localhost, 127.0.0.1 and ::1 when --addr is a loopback address, else any)")
 	maxLimits := fs.String("max-limits", "", "the most one request may ask for, `NAME=VALUE,...` (refused with 400 naming the field): "+strings.Join(runtime.MaximaNames(), ", "))
 	gcAllOwners := fs.Bool("gc-all-owners", false, "at start-up, also remove what any crashed rollbox left on this host (rollbox gc), not only this service's own containers")
+	maxImports := fs.Int("max-imports", 4, "imports (POST /v1/imports) running at once; one more gets 429 with Retry-After")
+	importMaxEpisode := fs.String("import-max-episode-bytes", "16MiB", "`SIZE` cap of one imported episode (one NDJSON line); a longer line is refused and skipped")
+	outcomeReward := fs.String("outcome-reward", "", "outcome reward spec `FILE` (JSON) of imported episodes: {\"type\": \"outcome\", \"signals\": [{\"name\", \"weight\", \"default\"?}], \"window_s\"} (default: accepted 1, reverted -1, 24 h; docs/production.md)")
+	redact := fs.String("redact", "", "redaction `FILE` (JSON) for imported episodes: {\"defaults\": true|false, \"patterns\": [{\"kind\", \"regex\"}]} (default: the documented patterns: API keys, bearer tokens, JWTs, private keys, URL passwords, emails)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this `FILE` (for go tool pprof)")
 	debugAddr := fs.String("debug-addr", "", "serve Go's profiles (net/http/pprof: heap, goroutines, CPU) on this loopback `HOST:PORT`, apart from the API")
@@ -91,6 +95,29 @@ stderr.`,
 		reserve, err := parseSize(*diskReserve)
 		if err != nil {
 			return usagef("--disk-reserve: %v", err)
+		}
+		maxImportBytes, err := parseSize(*importMaxEpisode)
+		if err != nil || maxImportBytes < 1024 || maxImportBytes > 1<<30 {
+			return usagef("--import-max-episode-bytes %q: a size between 1KiB and 1GiB", *importMaxEpisode)
+		}
+		if *maxImports < 1 {
+			return usagef("--max-imports %d: must be at least 1", *maxImports)
+		}
+		var outcomeSpec *runtime.OutcomeSpec
+		if *outcomeReward != "" {
+			b, err := os.ReadFile(*outcomeReward)
+			if err != nil {
+				return usagef("--outcome-reward: %v", err)
+			}
+			if outcomeSpec, err = runtime.LoadOutcomeSpec(b, *outcomeReward); err != nil {
+				return usagef("--outcome-reward: %v", err)
+			}
+		}
+		var redactor *runtime.Redactor
+		if *redact != "" {
+			if redactor, err = runtime.LoadRedaction(*redact); err != nil {
+				return usagef("--redact: %v", err)
+			}
 		}
 		maxima, err := runtime.ParseMaxima(*maxLimits)
 		if err != nil {
@@ -206,7 +233,8 @@ stderr.`,
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		limits := runtime.Limits{MaxRunning: *maxRunning, MaxQueued: *maxQueued, PolicyConcurrency: *policyConc,
 			Backend: map[string]int{sandbox.BackendDocker: *dockerConc}, WarmPool: map[string]int{sandbox.BackendDocker: *warm},
-			MaxEnvEpisodes: *envMax, EnvIdleTimeout: *envIdle, DiskReserve: reserve}
+			MaxEnvEpisodes: *envMax, EnvIdleTimeout: *envIdle, DiskReserve: reserve,
+			MaxImports: *maxImports, MaxImportEpisodeBytes: int(maxImportBytes)}
 		if *wasmConc > 0 {
 			limits.Backend[sandbox.BackendWASM] = *wasmConc
 		}
@@ -214,7 +242,7 @@ stderr.`,
 			DataDir: *data, DefaultBackend: *backendName, Catalog: catalog, KnownTool: knownTool, PolicyAPIKey: cfg.openAIKey,
 			ConfigureEpisode: indexes.configure, Registry: reg, Logger: log, Limits: limits,
 			HTTP: runtime.HTTPTimeouts{Read: *readTimeout, Write: *writeTimeout, Idle: *idleTimeout}, Maxima: maxima,
-			Tenants: tenants, AllowedHosts: hosts,
+			Tenants: tenants, AllowedHosts: hosts, OutcomeSpec: outcomeSpec, Redactor: redactor,
 			Judge: env.judgeOptions(jf, judgeSpecs(catalog)),
 			Backends: runtime.BackendFunc(func(ctx context.Context, name string) (sandbox.Backend, error) {
 				return backends.get(ctx, name)
