@@ -47,6 +47,9 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/v1/episodes/{id}/step"): "env",
     ("POST", "/v1/episodes/{id}/finish"): "env",
     ("POST", "/v1/episodes/{id}/fork"): "fork",
+    ("POST", "/v1/episodes/{id}/outcomes"): "add_outcomes",
+    ("POST", "/v1/imports"): "import_episodes",
+    ("GET", "/v1/export"): "export_episodes",
     ("GET", "/metrics"): "metrics",
     ("GET", "/healthz"): "health",
     ("GET", "/openapi.json"): "openapi",
@@ -423,6 +426,53 @@ class Client:
         returns their ids. All or nothing. :meth:`Env.fork` gives them as
         environments."""
         return [str(i) for i in self._t.json("POST", f"/v1/episodes/{episode_id}/fork", json_body={"n": n}).get("ids") or []]
+
+    def import_episodes(self, episodes: Iterable[Mapping[str, Any]] | bytes, *, source: str | None = None,
+                        policy_version: str | None = None, group_by: str | None = None) -> dict[str, Any]:
+        """Imports production episodes (OpenAI chat-completions episodes or
+        Rollbox trajectories; objects, or NDJSON bytes) and returns the answer:
+        ``accepted``, ``duplicates``, ``rejected`` (line, field, message) and
+        the ``episodes`` ids. Resending is safe: ids already imported are
+        duplicates, so 429 and 503 are retried."""
+        body = episodes if isinstance(episodes, bytes) else b"".join(
+            json.dumps(e, ensure_ascii=False).encode("utf-8") + b"\n" for e in episodes)
+        query = {"source": source, "policy_version": policy_version, "group_by": group_by}
+        target = self._t.url("/v1/imports", query)
+        resp = self._t._with_retries("POST", "/v1/imports", target, True, lambda: self._t._once("POST", target, body))
+        v = resp.json()
+        if not isinstance(v, dict):
+            raise ProtocolError(f"POST /v1/imports: the answer is not a JSON object: {resp.body[:200]!r}", status=resp.status)
+        return v
+
+    def add_outcomes(self, episode_id: str, signals: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+        """Adds late outcome signals (``{"name", "value", "at"?, "source"?}``) to
+        an imported episode; a signal already received is a duplicate, so a
+        resend is safe. Returns ``status`` (pending or scored) and ``reward``."""
+        return self._t.json("POST", f"/v1/episodes/{episode_id}/outcomes", json_body={"signals": list(signals)})
+
+    def export_episodes(self, path: str | os.PathLike[str], *, format: str = "jsonl", layout: str = "episodes",
+                        source: str | None = None, since: str | None = None, until: str | None = None,
+                        policy_version: str | None = None, outcome: str | None = None) -> Path:
+        """Writes every ended episode (rollouts and imports) the filters select
+        to a file, in the columns of :meth:`export`, with group statistics over
+        the episodes exported."""
+        dest = Path(path)
+        fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".partial", dir=dest.parent or Path("."))
+        query = {"format": format, "layout": layout, "source": source, "since": since, "until": until,
+                 "policy_version": policy_version, "outcome": outcome}
+        try:
+            with os.fdopen(fd, "wb") as f:
+                self._t.download("/v1/export", query, f, self.stream_timeout)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, dest)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        return dest
 
     def env(self, task: Mapping[str, Any] | str, *, backend: str | None = None, seed: int | None = None) -> Env:
         """A Gymnasium-style environment for a task (an object, or the id of one the service knows).
