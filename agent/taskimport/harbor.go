@@ -255,7 +255,7 @@ func readTaskFile(dir, name string) ([]byte, error) {
 	p := filepath.Join(dir, name)
 	info, err := os.Lstat(p)
 	if err != nil {
-		return nil, err
+		return os.ReadFile(p) // its error: open ...: no such file
 	}
 	if !info.Mode().IsRegular() {
 		kind := "not a regular file"
