@@ -265,7 +265,15 @@ func rescoreOne(ctx context.Context, cfg RescoreConfig, t *trajectory.Trajectory
 		}
 		nt.Reward = r
 	}
-	nt.Monitors = monitor.Compute(&nt, mcfg)
+	// The monitors read the episode: what its verifier undid stays the
+	// episode's when the new reward runs none (a judge alone).
+	mt := nt
+	if nt.Reward != nil && nt.Reward.Verifier == nil && t.Reward != nil && t.Reward.Verifier != nil {
+		r := *nt.Reward
+		r.Verifier = t.Reward.Verifier
+		mt.Reward = &r
+	}
+	nt.Monitors = monitor.Compute(&mt, mcfg)
 	if reason != trajectory.EndSandboxAbuse {
 		monitor.Penalize(nt.Reward, nt.Monitors, mcfg)
 	}
