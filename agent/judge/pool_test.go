@@ -111,6 +111,41 @@ func TestJudgesCombinePerRubricThenRubricsByWeight(t *testing.T) {
 	})
 }
 
+// A rubric's judges list maps it to some judges: only they are asked it,
+// and only their scores combine into it.
+func TestARubricIsScoredByTheJudgesItNames(t *testing.T) {
+	a := start(t, "a", fakejudge.JSON(fakejudge.Fixed(10)))
+	b := start(t, "b", fakejudge.JSON(fakejudge.Fixed(0)))
+	style := rubric("style", 1, "answer")
+	style.Judges = []string{"a"}
+	sp := spec(t, judge.Spec{Judges: []judge.Endpoint{{BaseURL: a.URL(), Model: "a"}, {BaseURL: b.URL(), Model: "b"}},
+		Rubrics: []judge.Rubric{rubric("correctness", 1, "answer"), style}})
+	rec := judge.NewPool(judge.Options{}).Judge(context.Background(), sp, episode("done"))
+	if rec.Score == nil {
+		t.Fatalf("unscored: %s", rec.Error)
+	}
+	// correctness: mean(1, 0) = 0.5; style: a alone = 1; rubrics 1:1
+	if !near(*rec.Rubrics[0].Score, 0.5) || !near(*rec.Rubrics[1].Score, 1) || !near(*rec.Score, 0.75) {
+		t.Errorf("correctness %v style %v total %v", *rec.Rubrics[0].Score, *rec.Rubrics[1].Score, *rec.Score)
+	}
+	if _, ok := rec.Rubrics[1].ByJudge["b"]; ok || len(rec.Rubrics[1].ByJudge) != 1 {
+		t.Errorf("style by judge %v, want a alone", rec.Rubrics[1].ByJudge)
+	}
+	for _, q := range b.Asked() {
+		if q.Rubric == "style" {
+			t.Errorf("judge b was asked the rubric it is not named for")
+		}
+	}
+	if a.Requests() != 2 || b.Requests() != 1 || rec.Calls != 3 {
+		t.Errorf("requests a %d b %d calls %d, want 2, 1, 3", a.Requests(), b.Requests(), rec.Calls)
+	}
+	style.Judges = []string{"c"}
+	bad := judge.Spec{Judges: []judge.Endpoint{{BaseURL: a.URL(), Model: "a"}}, Rubrics: []judge.Rubric{style}}
+	if err := bad.Validate("reward"); err == nil || !strings.Contains(err.Error(), `reward.rubrics[0].judges[0]: no judge is named "c"`) {
+		t.Errorf("an unknown judge name: %v", err)
+	}
+}
+
 func TestSamplesAreAveragedAndLabelsNormalised(t *testing.T) {
 	// The judge answers 2, then 4, then 9 on 0..10 (text), for three samples.
 	srv := start(t, "j", fakejudge.Text(func(r fakejudge.Request) float64 { return []float64{2, 4, 9}[(r.N-1)%3] }))
