@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -270,8 +271,15 @@ func readTaskFile(dir, name string) ([]byte, error) {
 // harborLimits maps the agent's and the environment's limits and notes
 // what Rollbox does differently.
 func harborLimits(r *Result, t *agent.Task, cfg *harborConfig, meta toml.MetaData) {
-	if cfg.Agent.TimeoutSec > 0 {
-		t.Limits.EpisodeTimeoutS = cfg.Agent.TimeoutSec
+	switch a := cfg.Agent.TimeoutSec; {
+	case !meta.IsDefined("agent", "timeout_sec"):
+	case a > 0 && !math.IsInf(a, 1):
+		t.Limits.EpisodeTimeoutS = a
+	default:
+		r.errorf("task.toml [agent].timeout_sec", "%v is not a number of seconds above 0", a)
+	}
+	if v := cfg.Verifier.TimeoutSec; meta.IsDefined("verifier", "timeout_sec") && !(v > 0 && !math.IsInf(v, 1)) {
+		r.errorf("task.toml [verifier].timeout_sec", "%v is not a number of seconds above 0", v)
 	}
 	env := &cfg.Environment
 	if meta.IsDefined("environment", "cpus") {

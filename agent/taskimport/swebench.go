@@ -55,6 +55,9 @@ var swebenchKnown = map[string]bool{
 	"environment_setup_commit": true, "image_name": true,
 }
 
+// commitRe is a git commit id, whole or abbreviated.
+var commitRe = regexp.MustCompile(`^[0-9a-fA-F]{4,64}$`)
+
 // nodeIDRe is a pytest node id: a file, then :: and the test's name.
 var nodeIDRe = regexp.MustCompile(`^[^\s:][^:]*\.py::\S.*$`)
 
@@ -302,6 +305,13 @@ func importInstance(ctx context.Context, source string, line []byte, opts *Optio
 		}
 		testFiles = append(testFiles, file)
 	}
+	// A test the file does not define can never be reported passed.
+	for _, name := range mustPass {
+		file, _, _ := strings.Cut(name, "::")
+		if fn := testFunction(name); fn != "" && !definesTest(hidden[path.Join(sw.Workdir, file)], fn) {
+			r.warnf("must_pass", "%s: %s does not define %s (nor assign it): the task scores 0 until it does", name, file, fn)
+		}
+	}
 	total := 0
 	for _, c := range hidden {
 		total += len(c)
@@ -371,10 +381,18 @@ func snapshotRepo(ctx context.Context, r *Result, repos, instanceID, repo, base,
 		r.errorf("base_commit", "required to take the repository from git (or give a workspace: --repos DIR with DIR/%s/)", instanceID)
 		return false
 	}
+	if repo == "" {
+		r.errorf("repo", "required to find the repository (OWNER/NAME), or give a workspace: --repos DIR with DIR/%s/", instanceID)
+		return false
+	}
 	var candidates []string
 	owner, name, hasOwner := strings.Cut(repo, "/")
 	if hasOwner && !(isLocalName(owner) && isLocalName(name)) || !hasOwner && repo != "" && !isLocalName(repo) {
 		r.errorf("repo", "%q is not OWNER/NAME (or NAME): it cannot name a repository of --repos", repo)
+		return false
+	}
+	if !commitRe.MatchString(base) {
+		r.errorf("base_commit", "%q is not a commit id (4 to 64 hexadecimal digits)", base)
 		return false
 	}
 	if hasOwner {
@@ -629,6 +647,28 @@ func applyTestPatch(ctx context.Context, r *Result, tree, patch, workdir string)
 		}
 	}
 	return hidden, tests
+}
+
+// testFunction is the name a pytest node id's last part defines: the
+// function or method, without its parameters ("" when unclear).
+func testFunction(nodeID string) string {
+	parts := strings.Split(nodeID, "::")
+	if len(parts) < 2 {
+		return ""
+	}
+	fn, _, _ := strings.Cut(parts[len(parts)-1], "[")
+	if !identRe.MatchString(fn) {
+		return ""
+	}
+	return fn
+}
+
+var identRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// definesTest reports whether Python source defines or assigns name.
+func definesTest(src, name string) bool {
+	re := regexp.MustCompile(`(?m)^[ \t]*((async[ \t]+)?def[ \t]+` + name + `[ \t]*\(|` + name + `[ \t]*=|class[ \t]+` + name + `\b)`)
+	return re.MatchString(src)
 }
 
 // isLocalName reports whether s is one plain path component: not empty,

@@ -228,6 +228,9 @@ func TestImportReportsWhatCannotBeMappedPerTask(t *testing.T) {
 		"tb1":             {map[string]string{"task.yaml": "instruction: x\n", "instruction.md": "x"}, "Terminal-Bench 1 format"},
 		"bad-toml":        {with(map[string]string{"task.toml": "[verifier\n"}), "task.toml: "},
 		"unknown-section": {with(map[string]string{"task.toml": "[steps]\nx = 1\n[environment]\ngpus = 2\n"}), "task.toml steps.x: not mapped"},
+		"neg-agent":       {with(map[string]string{"task.toml": "[agent]\ntimeout_sec = -5\n"}), "[agent].timeout_sec: -5 is not a number of seconds above 0"},
+		"zero-verifier":   {with(map[string]string{"task.toml": "[verifier]\ntimeout_sec = 0\n"}), "[verifier].timeout_sec: 0 is not"},
+		"inf-verifier":    {with(map[string]string{"task.toml": "[verifier]\ntimeout_sec = inf\n"}), "[verifier].timeout_sec: +Inf is not"},
 	}
 	for name, c := range cases {
 		writeTree(t, filepath.Join(src, name), c.files)
@@ -265,7 +268,7 @@ func TestImportReportsWhatCannotBeMappedPerTask(t *testing.T) {
 	writeTree(t, filepath.Join(repos, "ok-1"), map[string]string{"m.py": "X = 1\n", "tests/test_m.py": "def test_x():\n    pass\n"})
 	patch := "diff --git a/tests/test_m.py b/tests/test_m.py\n--- a/tests/test_m.py\n+++ b/tests/test_m.py\n@@ -1,2 +1,5 @@\n def test_x():\n     pass\n+\n+def test_y():\n+    pass\n"
 	inst := func(id string, over map[string]any) string {
-		m := map[string]any{"instance_id": id, "repo": "acme/m", "base_commit": "abc", "problem_statement": "fix it",
+		m := map[string]any{"instance_id": id, "repo": "acme/m", "base_commit": "abc123", "problem_statement": "fix it",
 			"test_patch": patch, "FAIL_TO_PASS": `["tests/test_m.py::test_y"]`, "PASS_TO_PASS": []string{"tests/test_m.py::test_x"}}
 		for k, v := range over {
 			if v == nil {
@@ -285,6 +288,8 @@ func TestImportReportsWhatCannotBeMappedPerTask(t *testing.T) {
 		inst("ok-1-copy", map[string]any{"test_patch": strings.ReplaceAll(patch, "def test_x", "def test_z")}),
 		`{"repo": "x"}`,
 		`not json`,
+		inst("opt-8", map[string]any{"base_commit": "--output=" + filepath.Join(dir, "pwned")}),
+		inst("no-repo-9", map[string]any{"repo": nil}),
 	}
 	writeTree(t, filepath.Join(repos, "ok-1-copy"), map[string]string{"m.py": "X = 1\n", "tests/test_m.py": "def test_x():\n    pass\n"})
 	file := filepath.Join(dir, "instances.jsonl")
@@ -295,6 +300,8 @@ func TestImportReportsWhatCannotBeMappedPerTask(t *testing.T) {
 		"no-tests-3": "FAIL_TO_PASS: required",
 		"no-repo-4":  `no repository for "acme/m"`,
 		"ok-1-copy":  "test_patch: does not apply to the base commit",
+		"opt-8":      `base_commit: "--output=`,
+		"no-repo-9":  "repo: required to find the repository",
 	}
 	imported := 0
 	for _, r := range rep.Tasks {
@@ -322,6 +329,17 @@ func TestImportReportsWhatCannotBeMappedPerTask(t *testing.T) {
 	}
 	if imported != 1 || rep.Imported != 1 || rep.Skipped != len(lines)-1 {
 		t.Errorf("%d imported, %d skipped:\n%s", rep.Imported, rep.Skipped, text)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "pwned")); err == nil {
+		t.Errorf("a base_commit was taken as git's option")
+	}
+
+	// A test the test patch does not define is imported with a warning:
+	// it can never be reported passed.
+	os.WriteFile(file, []byte(inst("ok-1", map[string]any{"FAIL_TO_PASS": []string{"tests/test_m.py::test_y", "tests/test_m.py::TestM::test_nope[1-2]"}})+"\n"), 0o644)
+	rep, text = importReport(t, 0, "--format", "swebench", file, "--repos", repos, "--out", filepath.Join(dir, "swe2.jsonl"))
+	if w := problems(rep.Tasks[0], taskimport.SeverityWarning); !strings.Contains(w, "tests/test_m.py does not define test_nope") || strings.Contains(w, "test_y") {
+		t.Errorf("warnings %q\n%s", w, text)
 	}
 }
 
@@ -378,7 +396,7 @@ func TestImportReadsNothingOutsideItsSource(t *testing.T) {
 	linkPatch := patch + "diff --git a/tests/test_link.py b/tests/test_link.py\nnew file mode 120000\n--- /dev/null\n+++ b/tests/test_link.py\n@@ -0,0 +1 @@\n+" +
 		filepath.Join(dir, "secret.txt") + "\n\\ No newline at end of file\n"
 	inst := func(id string, over map[string]any) string {
-		m := map[string]any{"instance_id": id, "repo": "acme/m", "base_commit": "abc", "problem_statement": "fix it",
+		m := map[string]any{"instance_id": id, "repo": "acme/m", "base_commit": "abc123", "problem_statement": "fix it",
 			"test_patch": patch, "FAIL_TO_PASS": []string{"tests/test_m.py::test_y"}, "PASS_TO_PASS": []string{"tests/test_m.py::test_x"}}
 		for k, v := range over {
 			m[k] = v
