@@ -179,3 +179,11 @@ def test_every_error_class_is_exported_and_typed() -> None:
                  "UnsupportedMediaType", "RateLimited", "ServerError", "ServiceUnavailable", "InsufficientStorage",
                  "TransportError", "ProtocolError", "TokenDataUnavailable"):
         assert issubclass(getattr(rollbox, name), rollbox.RollboxError)
+
+
+def test_retry_after_forms() -> None:
+    from rollbox._http import parse_retry_after
+    assert parse_retry_after("3") == 3.0 and parse_retry_after(" 0.5 ") == 0.5 and parse_retry_after("-4") == 0.0
+    assert parse_retry_after("nan") is None and parse_retry_after("soon") is None and parse_retry_after("") is None
+    assert parse_retry_after("inf") == float("inf")  # longer than any max_retry_wait: raised at once
+    assert parse_retry_after("Mon, 30 Nov 2026 00:00:00 GMT") == 0.0  # a date in the past: now

@@ -9,6 +9,7 @@ from __future__ import annotations
 import email.utils
 import http.client
 import json
+import math
 import random
 import socket
 import threading
@@ -81,9 +82,12 @@ def parse_retry_after(value: str | None) -> float | None:
         return None
     value = value.strip()
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        # "nan" is no number of seconds: back off as without the header.
+        return None if math.isnan(seconds) else max(0.0, seconds)
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
