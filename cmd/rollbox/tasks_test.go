@@ -579,3 +579,16 @@ func TestHarborImportReadsNothingOutsideItsTask(t *testing.T) {
 		t.Errorf("the task file holds the host's secret:\n%s", b)
 	}
 }
+
+// TestHarborImportWithoutAnEngineSaysItNeedsOne: a Dockerfile environment
+// with no engine to build it is reported as needing one, the task is not
+// imported, and the exit status says some were not.
+func TestHarborImportWithoutAnEngineSaysItNeedsOne(t *testing.T) {
+	t.Setenv("DOCKER_HOST", "unix://"+filepath.Join(t.TempDir(), "no-engine.sock"))
+	dir := t.TempDir()
+	rep, text := importReport(t, 1, "--format", "harbor", filepath.Join(importExamples, "harbor"), "--out", filepath.Join(dir, "tb.jsonl"))
+	if rep.Imported != 0 || len(rep.Tasks) != 1 ||
+		!strings.Contains(problems(rep.Tasks[0], taskimport.SeverityError), "environment: needs an image built with a Docker engine") {
+		t.Errorf("%s", text)
+	}
+}
