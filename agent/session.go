@@ -382,6 +382,12 @@ func (s *Session) runCall(ctx context.Context, call ToolCall) (ToolOutcome, erro
 		s.stats.ToolErrors[k]++
 	}
 	step.OK = ptr(res.ErrorKind == "")
+	if step.OutputCut() {
+		if s.stats.Truncated == nil {
+			s.stats.Truncated = &trajectory.Truncations{}
+		}
+		s.stats.Truncated.Count(call.Name)
+	}
 	out := ToolOutcome{CallID: call.ID, Name: call.Name, Output: text, ErrorKind: step.ErrorKind, ExitCode: res.ExitCode, Truncated: step.Truncated}
 	recorded, err := s.record(step)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strings"
 	"testing"
@@ -140,5 +141,29 @@ func TestRecoverDirDropsEmptyJournalsAndHalfWrittenDocuments(t *testing.T) {
 	}
 	if tr, err := Read(filepath.Join(dir, "ended.json")); err != nil || tr.Termination.Reason != EndFinished {
 		t.Errorf("the ended episode's document was replaced: %+v %v", tr, err)
+	}
+}
+
+func TestRecoveredStatsCountTruncatedStepsBesideErrorKinds(t *testing.T) {
+	dir := t.TempDir()
+	w, err := NewWriter(dir, &Trajectory{EpisodeID: "ep3", TaskID: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nonzero, truncatedKind := "nonzero_exit", "output_truncated"
+	w.Step(Step{Type: StepTool, Name: "bash", ErrorKind: &nonzero, Truncated: true, BytesDropped: 900})
+	w.Step(Step{Type: StepTool, Name: "bash", ErrorKind: &nonzero})
+	w.Step(Step{Type: StepTool, Name: "python", ErrorKind: &truncatedKind, BytesDropped: 10}) // capped, not cut
+	w.Step(Step{Type: StepTool, Name: "read_file"})
+	if _, _, err := RecoverDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := Read(filepath.Join(dir, "ep3.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Truncations{Total: 2, Tools: map[string]int{"bash": 1, "python": 1}}
+	if tr.Stats.Truncated == nil || !reflect.DeepEqual(*tr.Stats.Truncated, want) || tr.Stats.ToolErrors["nonzero_exit"] != 2 {
+		t.Errorf("stats: truncated %+v, tool errors %v; want %+v beside nonzero_exit=2", tr.Stats.Truncated, tr.Stats.ToolErrors, want)
 	}
 }

@@ -751,6 +751,48 @@ type Stats struct {
 	// PolicyVersions counts model turns by the policy version that
 	// produced them (absent when no turn carried a version).
 	PolicyVersions map[string]int `json:"policy_versions,omitempty"`
+	// Truncated counts the tool steps whose output the model did not see
+	// whole (absent when none).
+	Truncated *Truncations `json:"truncated,omitempty"`
+}
+
+// Truncations counts tool steps whose output the model did not see whole
+// (Step.OutputCut): in total and per tool. A step counts here whatever its
+// error kind: one that exited nonzero and was cut is nonzero_exit in
+// tool_errors and truncated here.
+type Truncations struct {
+	Total int            `json:"total"`
+	Tools map[string]int `json:"tools"`
+}
+
+// Count adds one step of tool.
+func (c *Truncations) Count(tool string) {
+	if c.Tools == nil {
+		c.Tools = map[string]int{}
+	}
+	c.Total++
+	c.Tools[tool]++
+}
+
+// Add adds o's counts (o may be nil).
+func (c *Truncations) Add(o *Truncations) {
+	if o == nil {
+		return
+	}
+	if c.Tools == nil {
+		c.Tools = map[string]int{}
+	}
+	c.Total += o.Total
+	for k, v := range o.Tools {
+		c.Tools[k] += v
+	}
+}
+
+// OutputCut reports whether s is a tool step whose output the model did
+// not see whole: cut for the model (Truncated) or capped in the sandbox
+// (BytesDropped > 0).
+func (s Step) OutputCut() bool {
+	return s.Type == StepTool && (s.Truncated || s.BytesDropped > 0)
 }
 
 // GroupStats are GRPO statistics of the episode's group.

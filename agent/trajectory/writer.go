@@ -439,6 +439,12 @@ func statsOf(t *Trajectory) Stats {
 			if s.ErrorKind != nil {
 				st.ToolErrors[*s.ErrorKind]++
 			}
+			if s.OutputCut() {
+				if st.Truncated == nil {
+					st.Truncated = &Truncations{}
+				}
+				st.Truncated.Count(s.Name)
+			}
 		}
 	}
 	if t.EndedAt != nil {
