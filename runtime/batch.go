@@ -75,7 +75,11 @@ type Summary struct {
 	Tasks      map[string]*TaskSummary `json:"tasks"`
 	Ends       map[string]int          `json:"ends"`
 	ToolErrors map[string]int          `json:"tool_errors"`
-	Groups     []GroupSummary          `json:"groups"`
+	// Truncated counts the tool steps whose output the model did not see
+	// whole, whatever their error kind (a nonzero_exit step that was cut
+	// counts in both).
+	Truncated trajectory.Truncations `json:"truncated"`
+	Groups    []GroupSummary         `json:"groups"`
 	// InfraRetries counts episode attempts restarted after an
 	// infrastructure failure before the policy saw anything (the service).
 	InfraRetries int `json:"infra_retries,omitempty"`
@@ -262,7 +266,8 @@ feed:
 // Summarize computes a summary over trajectories.
 func Summarize(rolloutID string, ts []*trajectory.Trajectory) *Summary {
 	s := &Summary{Schema: "rollbox.summary/v1", RolloutID: rolloutID, Tasks: map[string]*TaskSummary{},
-		Ends: map[string]int{}, ToolErrors: map[string]int{}, Groups: []GroupSummary{}, Monitors: map[string]int{}}
+		Ends: map[string]int{}, ToolErrors: map[string]int{}, Truncated: trajectory.Truncations{Tools: map[string]int{}},
+		Groups: []GroupSummary{}, Monitors: map[string]int{}}
 	var judged JudgeSummary
 	var judgeMS float64
 	type sums struct{ reward, pass float64 }
@@ -284,6 +289,7 @@ func Summarize(rolloutID string, ts []*trajectory.Trajectory) *Summary {
 		for k, v := range t.Stats.ToolErrors {
 			s.ToolErrors[k] += v
 		}
+		s.Truncated.Add(t.Stats.Truncated)
 		for v, n := range t.Stats.PolicyVersions {
 			if s.PolicyVersions == nil {
 				s.PolicyVersions = map[string]int{}

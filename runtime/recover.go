@@ -50,7 +50,8 @@ type outcome struct {
 	Termination *trajectory.Termination `json:"termination"`
 	Reward      *trajectory.Reward      `json:"reward"`
 	Stats       struct {
-		ToolErrors map[string]int `json:"tool_errors"`
+		ToolErrors map[string]int          `json:"tool_errors"`
+		Truncated  *trajectory.Truncations `json:"truncated"`
 	} `json:"stats"`
 }
 
@@ -208,6 +209,7 @@ func setOutcome(e *episodeRecord, o *outcome) {
 	if len(o.Stats.ToolErrors) > 0 {
 		e.ToolErrors = o.Stats.ToolErrors
 	}
+	e.Truncated = o.Stats.Truncated
 }
 
 // unstartedTrajectory is the record of an episode that never started,

@@ -71,7 +71,8 @@ type rollout struct {
 	ends      map[string]int
 	toolErrs  map[string]int
 	monitors  map[string]int // monitor → episodes that triggered it
-	changed   chan struct{}  // closed and replaced on every change
+	truncated trajectory.Truncations
+	changed   chan struct{} // closed and replaced on every change
 	// versions are the policy versions announced to the rollout, oldest
 	// first; maxStaleness is its max_staleness (-1: none); versionTurns
 	// counts the model turns of ended episodes by version.
@@ -140,6 +141,7 @@ func (r *rollout) endLocked(e *episodeState) (rolloutEnded bool) {
 	for _, m := range rec.Monitors {
 		r.monitors[m]++
 	}
+	r.truncated.Add(rec.Truncated)
 	g := e.group
 	g.ended++
 	if g.ended == len(g.members) {
@@ -213,6 +215,10 @@ type RolloutStatus struct {
 	PolicyVersion  string         `json:"policy_version,omitempty"`
 	PolicyVersions map[string]int `json:"policy_versions,omitempty"`
 	MaxStaleness   *int           `json:"max_staleness,omitempty"`
+
+	// Truncated counts, beside the error kinds, the tool steps whose
+	// output the model did not see whole (trajectory.Truncations).
+	Truncated trajectory.Truncations `json:"truncated"`
 }
 
 // PolicyStatus is the policy a rollout runs against.
@@ -231,7 +237,8 @@ func (r *rollout) status() RolloutStatus {
 	rec := r.rec
 	st := RolloutStatus{ID: r.id, State: rec.State, EpisodesTotal: len(r.episodes), EpisodesDone: len(r.finished),
 		EpisodesRunning: r.running, GroupSize: rec.GroupSize, GroupsTotal: len(r.groups),
-		Scored: r.scored, Ends: copyCounts(r.ends), ToolErrors: copyCounts(r.toolErrs), Monitors: copyCounts(r.monitors), InfraRetries: rec.InfraRetries,
+		Scored: r.scored, Ends: copyCounts(r.ends), ToolErrors: copyCounts(r.toolErrs), Monitors: copyCounts(r.monitors),
+		Truncated: trajectory.Truncations{Total: r.truncated.Total, Tools: copyCounts(r.truncated.Tools)}, InfraRetries: rec.InfraRetries,
 		Backend: rec.Backend, Schedule: rec.Schedule, CreatedAt: rec.CreatedAt, EndedAt: rec.EndedAt, Message: rec.Message,
 		Policy: PolicyStatus{BaseURL: rec.Policy.Endpoint, Model: rec.Policy.Model, Sampling: rec.Policy.Sampling, Mode: rec.Policy.Mode, Tokenizer: rec.Policy.Tokenizer}}
 	r.versionStatusLocked(&st)
@@ -749,6 +756,7 @@ func (s *Server) recordEnds(r *rollout, ends []endedEpisode) {
 				rec.ToolErrors = copyCounts(it.t.Stats.ToolErrors)
 			}
 			rec.Monitors = it.t.Monitors.Triggered()
+			rec.Truncated = it.t.Stats.Truncated
 			for v, n := range it.t.Stats.PolicyVersions {
 				r.versionTurns[v] += n
 			}

@@ -1121,3 +1121,39 @@ func TestAnEndedRolloutLeavesMemoryAndIsReadBackFromTheStore(t *testing.T) {
 		}
 	}
 }
+
+func TestTheRolloutStatusAndSummaryCountTruncatedStepsBesideErrorKinds(t *testing.T) {
+	p := startPolicy(t, fakepolicy.Config{Responder: fakepolicy.Script(
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "bash", Arguments: `{"command":"seq 1 3000; exit 2"}`}}},
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "finish", Arguments: `{"answer":"done"}`}}},
+	)})
+	s := startService(t, "")
+	tk := task("cut")
+	tk["limits"] = map[string]any{"max_turns": 6, "max_tool_output_bytes": 500}
+	id := s.submit(rolloutBody(p, 3, tk))
+	s.waitState(id, time.Minute, func(st status) bool { return st.State == runtime.RolloutDone })
+	check := func(s *service, when string) {
+		t.Helper()
+		var st struct {
+			ToolErrors map[string]int         `json:"tool_errors"`
+			Truncated  trajectory.Truncations `json:"truncated"`
+		}
+		s.do("GET", "/v1/rollouts/"+id, nil, &st)
+		var sum runtime.Summary
+		s.do("GET", "/v1/rollouts/"+id+"/summary", nil, &sum)
+		for _, got := range []struct {
+			where      string
+			truncated  trajectory.Truncations
+			toolErrors map[string]int
+		}{{"status", st.Truncated, st.ToolErrors}, {"summary", sum.Truncated, sum.ToolErrors}} {
+			if got.truncated.Total != 3 || got.truncated.Tools["bash"] != 3 || len(got.truncated.Tools) != 1 || got.toolErrors["nonzero_exit"] != 3 {
+				t.Errorf("%s %s: truncated %+v beside tool errors %v, want 3 bash steps beside nonzero_exit=3", when, got.where, got.truncated, got.toolErrors)
+			}
+		}
+	}
+	check(s, "live")
+	// A restarted service reads the counts back from its store.
+	again := t.TempDir()
+	copyDir(t, s.data, again)
+	check(startService(t, again), "after a restart")
+}

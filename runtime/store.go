@@ -96,6 +96,8 @@ type episodeRecord struct {
 	ImportedAt    *time.Time `json:"imported_at,omitempty"`
 	MaturesAt     *time.Time `json:"matures_at,omitempty"`
 	Outcome       string     `json:"outcome,omitempty"`
+	// Truncated counts the steps whose output the model did not see whole.
+	Truncated *trajectory.Truncations `json:"truncated,omitempty"`
 }
 
 func openStore(dir string) (*store, error) {

@@ -155,8 +155,9 @@ with the planned and started counts).`,
 		if sum == nil {
 			return err
 		}
-		fmt.Fprintf(env.stderr, "rollbox run: %d episode(s) in %.1fs: reward mean %s over %d scored, pass rate %s; ends %s; tool errors %s\n",
-			sum.Episodes, sum.WallTimeS, fmtMean(sum.RewardMean, 3), sum.Scored, fmtMean(sum.PassRate, 2), fmtCounts(sum.Ends), fmtCounts(sum.ToolErrors))
+		fmt.Fprintf(env.stderr, "rollbox run: %d episode(s) in %.1fs: reward mean %s over %d scored, pass rate %s; ends %s; tool errors %s; truncated %s\n",
+			sum.Episodes, sum.WallTimeS, fmtMean(sum.RewardMean, 3), sum.Scored, fmtMean(sum.PassRate, 2), fmtCounts(sum.Ends), fmtCounts(sum.ToolErrors),
+			fmtTruncated(sum.Truncated))
 		if len(sum.Monitors) > 0 || sum.Judge != nil {
 			line := "rollbox run: monitors " + fmtCounts(sum.Monitors)
 			if j := sum.Judge; j != nil {
@@ -251,6 +252,14 @@ func (f *optionalFloat) Type() string { return "float" }
 // knownTool validates a task's tool names: the builtins and the retrieval
 // tools (a task naming those needs a retriever, which validation checks).
 func knownTool(name string) bool { return tools.Known(name) }
+
+// fmtTruncated is "0", or the total and the count per tool: "4 (bash=4)".
+func fmtTruncated(t trajectory.Truncations) string {
+	if t.Total == 0 {
+		return "0"
+	}
+	return fmt.Sprintf("%d (%s)", t.Total, fmtCounts(t.Tools))
+}
 
 func fmtCounts(m map[string]int) string {
 	if len(m) == 0 {

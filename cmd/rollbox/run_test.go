@@ -222,3 +222,29 @@ func TestARunWhosePolicyIsUnreachableEndsPolicyErrorUnscoredAndExits1(t *testing
 		t.Errorf("the server's message is not shown: %s", stderr)
 	}
 }
+
+func TestTheRunSummaryCountsTruncatedStepsBesideErrorKinds(t *testing.T) {
+	dir := t.TempDir()
+	tasks := writeFile(t, dir, "tasks.jsonl", `{"id": "cut", "prompt": "p", "tools": ["bash", "finish"], "reward": {"type": "exact", "answer": "done"}, "limits": {"max_tool_output_bytes": 500}}`)
+	policy := writeFile(t, dir, "p.jsonl", `{"task_id": "cut", "turns": [`+
+		`{"tool_calls": [{"name": "bash", "arguments": {"command": "seq 1 3000; exit 2"}}]}, `+
+		`{"tool_calls": [{"name": "bash", "arguments": {"command": "seq 1 3000"}}]}, `+
+		`{"tool_calls": [{"name": "bash", "arguments": {"command": "exit 1"}}]}, `+
+		`{"tool_calls": [{"name": "finish", "arguments": {"answer": "done"}}]}]}`)
+	out := filepath.Join(dir, "out")
+	code, _, stderr := rollbox(t, "run", "--tasks", tasks, "--policy", "scripted:"+policy, "--group", "2", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	s := readSummary(t, out)
+	// Per episode: a nonzero_exit step that was cut, an output_truncated
+	// step, a nonzero_exit step that was not.
+	want := trajectory.Truncations{Total: 4, Tools: map[string]int{"bash": 4}}
+	if s.Truncated.Total != want.Total || s.Truncated.Tools["bash"] != 4 || len(s.Truncated.Tools) != 1 ||
+		s.ToolErrors["nonzero_exit"] != 4 || s.ToolErrors["output_truncated"] != 2 {
+		t.Errorf("summary: truncated %+v, tool errors %v; want %+v beside nonzero_exit=4, output_truncated=2", s.Truncated, s.ToolErrors, want)
+	}
+	if !strings.Contains(stderr, "truncated 4 (bash=4)") {
+		t.Errorf("the summary line does not count them: %s", stderr)
+	}
+}
