@@ -24,21 +24,40 @@ type FieldDiff struct {
 }
 
 // durationRes match wall-clock durations and clock times as test runners
-// and tools print them: pytest's "in 0.02s" and "(0:01:02)", go test's
-// "ok pkg 0.123s" and "--- PASS: TestX (0.00s)", time(1)'s "real 0m0.01s",
-// Go's "1m2.5s", "Ran 3 tests in 0.001s", "Time: 1.234 s", "(12ms)", and
-// times of day ("12:34:56"). Nothing can pin wall time, so replay masks
-// them before comparing unless Options.Strict.
-var durationRes = []*regexp.Regexp{
-	regexp.MustCompile(`\b\d+:\d{2}:\d{2}(\.\d+)?\b`),                                      // 0:01:02, 12:34:56.789
-	regexp.MustCompile(`\b\d+m\d+(\.\d+)?s\b`),                                             // 0m0.01s (time), 1m2.5s (Go)
-	regexp.MustCompile(`\b(\d+h)?(\d+m)?\d+(\.\d+)?\s?(ns|µs|us|ms|s|sec|secs|seconds)\b`), // 0.02s, 12ms, 1.234 s, 3 seconds
+// and tools print them, with what replaces each: pytest's "in 0.02s" and
+// "in 62.30s (0:01:02)" (the suffix it adds past a minute), go test's "ok
+// pkg 0.123s", "ok pkg (cached)" and "--- PASS: TestX (0.00s)", time(1) in
+// its forms (bash's "real 0m0.01s", POSIX -p's "real 0.01", busybox's "real
+// 0m 0.00s", GNU's "0.00user 0.00system 0:00.01elapsed 95%CPU" and -v's
+// lines, zsh's "0.01s user ... 92% cpu 0.031 total"), Go's "1m2.5s",
+// "Ran 3 tests in 0.001s", "Time: 1.234 s", "(12ms)", timeit's "46.4 nsec",
+// "2 minutes" and times of day ("12:34:56"). Nothing can pin wall time, so
+// replay masks them before comparing unless Options.Strict. Counts beside
+// them (tests passed, coverage, memory) stay compared.
+var durationRes = []struct {
+	re   *regexp.Regexp
+	repl string
+}{
+	{regexp.MustCompile(`\b\d+:\d{2}:\d{2}(\.\d+)?\b`), "<duration>"},                // 0:01:02, 12:34:56.789
+	{regexp.MustCompile(`\b(\d+:)?\d+:\d{2}(\.\d+)?elapsed\b`), "<duration>elapsed"}, // GNU time
+	{regexp.MustCompile(`\b\d+(\.\d+)?(user|system)\b`), "<duration>$2"},             // GNU time
+	{regexp.MustCompile(`\b\d+%(CPU|\scpu)\b`), "<cpu>%$1"},                          // GNU time, zsh
+	{regexp.MustCompile(`\b\d+:\d{2}\.\d+\b`), "<duration>"},                         // 1:02.31 (GNU time -v: m:ss)
+	{regexp.MustCompile(`\b(User|System) time \(seconds\): \d+(\.\d+)?`), "$1 time (seconds): <duration>"},
+	{regexp.MustCompile(`\bPercent of CPU this job got: \d+%`), "Percent of CPU this job got: <cpu>%"},
+	{regexp.MustCompile(`(?m)^(real|user|sys)([ \t]+)\d+(\.\d+)?$`), "$1$2<duration>"}, // time -p
+	{regexp.MustCompile(`\b\d+\.\d+ total\b`), "<duration> total"},                     // zsh
+	{regexp.MustCompile(`\b\d+m\s?\d+(\.\d+)?s\b`), "<duration>"},                      // 0m0.01s (time), 0m 0.00s (busybox), 1m2.5s (Go)
+	{regexp.MustCompile(`\b(\d+h)?(\d+m)?\d+(\.\d+)?\s?(ns|nsec|µs|us|usec|ms|msec|s|sec|secs|second|seconds|min|mins|minute|minutes|hour|hours)\b`), "<duration>"},
+	{regexp.MustCompile(`\(cached\)`), "<duration>"},                // go test: a cached package's result
+	{regexp.MustCompile(`<duration> \(<duration>\)`), "<duration>"}, // pytest: "in 62.30s (0:01:02)"
 }
 
-// maskDurations replaces every duration in s with "<duration>".
+// maskDurations replaces every duration in s with "<duration>" (and a
+// share of CPU with "<cpu>").
 func maskDurations(s string) string {
-	for _, re := range durationRes {
-		s = re.ReplaceAllString(s, "<duration>")
+	for _, d := range durationRes {
+		s = d.re.ReplaceAllString(s, d.repl)
 	}
 	return s
 }
