@@ -37,6 +37,8 @@ func TestReadTasksRefusesBadInputNamingLineAndField(t *testing.T) {
 		{"a composite with a bad part", `{"id": "a", "prompt": "p", "reward": {"type": "composite", "parts": [{"weight": 1, "reward": {"type": "exact"}}]}}`, "reward.parts[0].reward.answer: required"},
 		{"run_tests without a test command", `{"id": "a", "prompt": "p", "tools": ["run_tests"], "reward": {"type": "exact", "answer": "x"}}`, "run_tests needs a reward of type tests"},
 		{"a must_pass without a report", `{"id": "a", "prompt": "p", "reward": {"type": "tests", "command": "pytest", "must_pass": ["t"]}}`, "reward.must_pass: needs reward.report"},
+		{"must_fail without must_pass", `{"id": "a", "prompt": "p", "reward": {"type": "tests", "command": "pytest", "report": {"format": "pytest"}, "must_fail": ["c"]}}`, `reward.must_fail: needs must_pass`},
+		{"a must_fail name that must pass", `{"id": "a", "prompt": "p", "reward": {"type": "tests", "command": "pytest", "report": {"format": "pytest"}, "must_pass": ["t", "c"], "must_fail": ["c"]}}`, `reward.must_fail[0]: "c" is also must_pass[1]`},
 		{"a must_pass name given twice", `{"id": "a", "prompt": "p", "reward": {"type": "tests", "command": "pytest", "report": {"format": "pytest"}, "must_pass": ["t", "u", "t"]}}`, `reward.must_pass[2]: "t" already named at must_pass[0]`},
 		{"an unknown report format", `{"id": "a", "prompt": "p", "reward": {"type": "tests", "command": "x", "report": {"format": "xunit"}}}`, `reward.report.format "xunit" is not one of junit, pytest, go-test-json, tap`},
 		{"a junit report without a path", `{"id": "a", "prompt": "p", "reward": {"type": "tests", "command": "x", "report": {"format": "junit"}}}`, "reward.report.path: required for format junit"},

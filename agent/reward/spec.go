@@ -48,6 +48,13 @@ type Spec struct {
 	// SWE-bench's FAIL_TO_PASS + PASS_TO_PASS); one missing from the
 	// report scores 0. Needs Report.
 	MustPass []string `json:"must_pass,omitempty"`
+	// MustFail names canary tests whose real outcome is a failure (hidden
+	// tests the agent never saw, e.g. `assert 3 == 4`): a report that says
+	// one passed was forged by code running in the test process (an
+	// agent's module patching the runner's reports) and scores 0, blamed.
+	// One missing from the report is not counted (a runner configuration
+	// may not collect it). Needs MustPass.
+	MustFail []string `json:"must_fail,omitempty"`
 	// Score is "all" (default: 1 when every test named, or every test
 	// reported, passed) or "fraction" (the fraction that passed).
 	Score string `json:"score,omitempty"`
@@ -246,6 +253,17 @@ func (s *Spec) validateReport(field string) error {
 			return fmt.Errorf("%s.must_pass[%d]: %q already named at must_pass[%d]", field, i, n, j)
 		}
 		seen[n] = i
+	}
+	if len(s.MustFail) > 0 && len(s.MustPass) == 0 {
+		return fmt.Errorf("%s.must_fail: needs must_pass (the canaries guard the tests that must pass)", field)
+	}
+	for i, n := range s.MustFail {
+		if strings.TrimSpace(n) == "" {
+			return fmt.Errorf("%s.must_fail[%d]: empty test name", field, i)
+		}
+		if j, dup := seen[n]; dup {
+			return fmt.Errorf("%s.must_fail[%d]: %q is also must_pass[%d]", field, i, n, j)
+		}
 	}
 	if s.Report == nil {
 		return nil

@@ -5,6 +5,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -312,6 +314,7 @@ func importInstance(ctx context.Context, source string, line []byte, opts *Optio
 			r.warnf("must_pass", "%s: %s does not define %s (nor assign it): the task scores 0 until it does", name, file, fn)
 		}
 	}
+	canaries := addCanaries(hidden, testFiles, sw.Workdir)
 	total := 0
 	for _, c := range hidden {
 		total += len(c)
@@ -330,6 +333,7 @@ func importInstance(ctx context.Context, source string, line []byte, opts *Optio
 		TimeoutS:    sw.TestTimeoutS,
 		Report:      &reward.Report{Format: testreport.Pytest},
 		MustPass:    mustPass,
+		MustFail:    canaries,
 		Score:       sw.Score,
 		HiddenTests: hidden,
 	}
@@ -647,6 +651,33 @@ func applyTestPatch(ctx context.Context, r *Result, tree, patch, workdir string)
 		}
 	}
 	return hidden, tests
+}
+
+// addCanaries appends to each Python test file the verifier runs a test
+// whose real outcome is a failure, under a random name the agent never
+// sees (the files are hidden tests), and returns their node ids: the
+// verifier's must_fail. Code of the agent's that rewrites the test
+// process's reports (every test passed) rewrites a canary's too, and the
+// reward is 0, blamed, instead of 1.
+func addCanaries(hidden map[string]string, testFiles []string, workdir string) []string {
+	var ids []string
+	for _, f := range testFiles {
+		dst := path.Join(workdir, f)
+		src, ok := hidden[dst]
+		if !ok || !strings.HasSuffix(f, ".py") {
+			continue
+		}
+		var b [8]byte
+		rand.Read(b[:])
+		name := "test_regression_" + hex.EncodeToString(b[:4])
+		n := 2 + int(b[4])<<8 + int(b[5])
+		if src != "" && !strings.HasSuffix(src, "\n") {
+			src += "\n"
+		}
+		hidden[dst] = src + fmt.Sprintf("\n\ndef %s():\n    assert %d == %d\n", name, n, n+1+int(b[6]))
+		ids = append(ids, f+"::"+name)
+	}
+	return ids
 }
 
 // testFunction is the name a pytest node id's last part defines: the
