@@ -514,10 +514,16 @@ func TestImportedTestsTheAgentEditsDoNotCount(t *testing.T) {
 		"import _pytest.reports as _r\n_orig = _r.TestReport.from_item_and_call.__func__\n\n\n"+
 		"def _passed(cls, item, call):\n    rep = _orig(cls, item, call)\n    rep.outcome, rep.longrepr = 'passed', None\n    return rep\n\n\n"+
 		"_r.TestReport.from_item_and_call = classmethod(_passed)\n"), finish)
+	// The same forge planted where the hidden tests go: checks/ becomes a
+	// package whose __init__ runs in the test process.
+	forgeBeside := policy("forge-beside", write("/testbed/checks/__init__.py", "import _pytest.reports as _r\n"+
+		"_orig = _r.TestReport.from_item_and_call.__func__\n\n\n"+
+		"def _passed(cls, item, call):\n    rep = _orig(cls, item, call)\n    rep.outcome, rep.longrepr = 'passed', None\n    return rep\n\n\n"+
+		"_r.TestReport.from_item_and_call = classmethod(_passed)\n"), finish)
 	for name, c := range map[string]struct {
 		policy string
 		want   float64
-	}{"solve": {solve, 1}, "cheat": {cheat, 0}, "forge": {forge, 0}} {
+	}{"solve": {solve, 1}, "cheat": {cheat, 0}, "forge": {forge, 0}, "forge-beside": {forgeBeside, 0}} {
 		if got := runRewards(t, tasks, c.policy)["acme__m-1"]; got != c.want {
 			t.Errorf("%s: reward %v, want %v", name, got, c.want)
 		}
