@@ -13,6 +13,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -425,13 +426,72 @@ func describeJSONError(err error) error {
 	var se *json.SyntaxError
 	switch {
 	case errors.As(err, &te):
-		return fmt.Errorf("%s: want %s, got JSON %s", te.Field, te.Type, te.Value)
+		return fmt.Errorf("%s: want %s, got %s", te.Field, jsonKind(te.Type), jsonValueKind(te.Value))
 	case errors.As(err, &se):
 		return fmt.Errorf("not valid JSON at byte %d: %v", se.Offset, err)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		return fmt.Errorf("unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
 	}
 	return fmt.Errorf("not valid JSON: %v", err)
+}
+
+// jsonKind names what a task file must hold to decode into t, in JSON's
+// words: "an object", "an array of strings", ...
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	case reflect.Struct:
+		if t == reflect.TypeOf(json.RawMessage{}) {
+			return "any JSON value"
+		}
+		return "an object"
+	case reflect.Map:
+		return "an object of " + plural(t.Elem())
+	case reflect.Slice, reflect.Array:
+		if t.Elem().Kind() == reflect.Uint8 {
+			return "any JSON value"
+		}
+		return "an array of " + plural(t.Elem())
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64, reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	}
+	return "a JSON value"
+}
+
+func plural(t reflect.Type) string {
+	k := strings.TrimPrefix(strings.TrimPrefix(jsonKind(t), "a "), "an ")
+	switch {
+	case strings.HasPrefix(k, "object"), strings.HasPrefix(k, "array"), strings.HasPrefix(k, "string"), strings.HasPrefix(k, "integer"), strings.HasPrefix(k, "number"):
+		head, rest, _ := strings.Cut(k, " ")
+		if rest != "" {
+			return head + "s " + rest
+		}
+		return head + "s"
+	}
+	return k
+}
+
+// jsonValueKind names the JSON value json.UnmarshalTypeError saw ("string",
+// "number", "object", "array", "bool").
+func jsonValueKind(v string) string {
+	switch {
+	case v == "bool":
+		return "true or false"
+	case v == "array" || v == "object":
+		return "an " + v
+	case strings.HasPrefix(v, "number "):
+		return "a number (" + strings.TrimSpace(strings.TrimPrefix(v, "number")) + ")"
+	case v == "number":
+		return "a number"
+	}
+	return "a " + v
 }
 
 // LoadTasks reads a JSONL task file whole. Any bad line refuses the file,
