@@ -45,7 +45,7 @@ Exit status: 0 when every probe passed, 1 when one failed, 2 for bad input.`,
 	cmd.AddCommand(newVerifyLogCmd(env))
 	fs := cmd.Flags()
 	fs.SortFlags = false
-	backendName := fs.String("backend", "docker", "sandbox backend: docker or wasm")
+	backendName := fs.String("backend", "docker", "sandbox backend: docker, containerd or wasm")
 	runtimeName := fs.String("runtime", "", "OCI runtime for docker: runc (default) or runsc")
 	image := fs.String("image", "", "image `NAME`: a recipe name (base, python) or docker:NAME:TAG (default base)")
 	network := fs.String("network", "", "network: none (default) or bridge, which loosens isolation and fails the network probes")

@@ -35,7 +35,7 @@ bridge are the Docker backend's and are refused there.`,
 	fs := cmd.Flags()
 	fs.SortFlags = false
 	fs.SetInterspersed(false)
-	backendName := fs.String("backend", defaultBackend, "sandbox backend: wasm or docker")
+	backendName := fs.String("backend", defaultBackend, "sandbox backend: wasm, docker or containerd")
 	image := fs.String("image", "", "docker image `NAME`: a recipe name (base, python) or docker:NAME:TAG (default base)")
 	runtimeName := fs.String("runtime", "", "OCI runtime for docker: runc (default) or runsc")
 	network := fs.String("network", sandbox.NetworkNone, "network: none, or bridge on docker (loosens isolation)")

@@ -50,7 +50,7 @@ with the planned and started counts).`,
 	fs.SortFlags = false
 	tasksFile := fs.String("tasks", "", "task `FILE` (JSONL, one task a line; docs/tasks.md)")
 	policySpec := fs.String("policy", "", "the policy `SPEC`: scripted:FILE.jsonl | openai:BASE_URL[#model=NAME[&mode=tokens]] | replay:DIR (docs/policies.md)")
-	backendName := fs.String("backend", "", "backend for tasks that name none: wasm (default) or docker")
+	backendName := fs.String("backend", "", "backend for tasks that name none: wasm (default), docker or containerd")
 	group := fs.Int("group", 1, "episodes per task (GRPO group size)")
 	concurrency := fs.Int("concurrency", 4, "episodes in flight at once")
 	out := fs.String("out", "", "output `DIR` (default out/<rollout id>)")

@@ -47,7 +47,7 @@ stderr.`,
 	addr := fs.String("addr", "127.0.0.1:7070", "`HOST:PORT` to listen on (port 0 picks one; the address is logged)")
 	data := fs.String("data", "rollbox-data", "data `DIR`: the index and every trajectory; survives restarts")
 	tasksFile := fs.String("tasks", "", "task `FILE` (JSONL) whose tasks requests may name by id")
-	backendName := fs.String("backend", defaultBackend, "backend for tasks that name none: wasm or docker")
+	backendName := fs.String("backend", defaultBackend, "backend for tasks that name none: wasm, docker or containerd")
 	maxRunning := fs.Int("max-running", 10000, "rollout episodes running at once")
 	maxQueued := fs.Int("max-queued", 100000, "episodes admitted but not started; past it, 429 with Retry-After")
 	dockerConc := fs.Int("docker-concurrency", 256, "docker episodes running at once")
