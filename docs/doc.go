@@ -2,6 +2,5 @@
 // this one) and the tests that keep it true: every task example parses,
 // every task field, tool, reward type, trajectory field and HTTP route is
 // documented as the code has it, docs/api.md is generated from
-// runtime/openapi.json, the CLI reference from the commands, and every
-// command the README and these pages show runs against the real binary.
+// runtime/openapi.json and the CLI reference from the commands.
 package docs
