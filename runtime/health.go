@@ -88,6 +88,9 @@ func (s *Server) health() (Health, int) {
 	return h, status
 }
 
+// Health is what GET /healthz answers now, and its status code.
+func (s *Server) Health() (Health, int) { return s.health() }
+
 func (s *Server) getHealth(w http.ResponseWriter, r *http.Request) error {
 	h, status := s.health()
 	writeHTTPJSON(w, status, h)

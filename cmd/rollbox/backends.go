@@ -21,6 +21,9 @@ type backendOptions struct {
 	// auditLog is the audit log file (--audit-log); "" means the
 	// configuration's ($ROLLBOX_AUDIT_LOG), and no log when that is unset too.
 	auditLog string
+	// auditMaxBytes, when > 0, rotates the audit log past this size
+	// (auditlog.Options.MaxBytes; serve's log).
+	auditMaxBytes int64
 	// warm names the WASM guest programs to build and compile as the
 	// backend opens (python and js for run and serve, so no episode pays for
 	// a first-use compile; the one exec runs), besides the helper, which is
@@ -70,7 +73,7 @@ func openBackend(ctx context.Context, name string, progress io.Writer, o backend
 	if o.cfg.auditSyncNone {
 		sync = auditlog.SyncNone
 	}
-	l, err := auditlog.Open(path, auditlog.Options{Sync: sync})
+	l, err := auditlog.Open(path, auditlog.Options{Sync: sync, MaxBytes: o.auditMaxBytes})
 	if err != nil {
 		be.Close()
 		return nil, err

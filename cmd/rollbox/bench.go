@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -79,11 +82,17 @@ command in the same container.`,
 			return usagef("--compare-schedules runs both schedules of a rollout: drop --schedule, use --mode rollout")
 		}
 
-		pol, err := fakepolicy.Start(fakepolicy.Config{Latency: *latency, Jitter: *jitter, Responder: fakepolicy.BashThenFinish(*turns - 1)})
+		policyURL, stopPolicy, err := startFakePolicy(env, *latency, *jitter, *turns-1)
 		if err != nil {
-			return err
+			// This binary cannot run it (a test binary): in this process.
+			fmt.Fprintf(env.stderr, "rollbox bench: the fake policy runs in this process (%v)\n", err)
+			pol, err := fakepolicy.Start(fakepolicy.Config{Latency: *latency, Jitter: *jitter, Responder: fakepolicy.BashThenFinish(*turns - 1)})
+			if err != nil {
+				return err
+			}
+			policyURL, stopPolicy = pol.URL(), func() { pol.Close() }
 		}
-		defer pol.Close()
+		defer stopPolicy()
 
 		base := *url
 		var svc *loadgen.Service
@@ -103,7 +112,7 @@ command in the same container.`,
 			svc, err = loadgen.StartService(ctx, exe, dir, []string{
 				"--max-running", strconv.Itoa(maxRunning), "--max-queued", strconv.Itoa(max(*episodes, 1)),
 				"--docker-concurrency", strconv.Itoa(maxRunning), "--policy-concurrency", strconv.Itoa(*policyConc),
-				"--warm", strconv.Itoa(*warm), "--log-level", "warn", "--cpuprofile", *serveProfile,
+				"--warm", strconv.Itoa(*warm), "--log-level", "info", "--cpuprofile", *serveProfile, "--health-addr", "127.0.0.1:0",
 			})
 			if err != nil {
 				return err
@@ -111,13 +120,13 @@ command in the same container.`,
 			defer svc.Stop()
 			base = svc.URL
 		}
-		fmt.Fprintf(env.stderr, "rollbox bench: service %s, fake policy %s (latency %s)\n", base, pol.URL(), *latency)
+		fmt.Fprintf(env.stderr, "rollbox bench: service %s, fake policy %s (latency %s)\n", base, policyURL, *latency)
 
 		var res interface{ Report(io.Writer) }
 		switch *mode {
 		case "rollout":
 			cfg := loadgen.RolloutConfig{Backend: *backend, Image: *image, Episodes: *episodes, Group: *group, Turns: *turns,
-				PolicyURL: pol.URL(), Latency: *latency, Service: svc, Progress: env.stderr, Schedule: *schedule, Settle: *settle}
+				PolicyURL: policyURL, Latency: *latency, Service: svc, Progress: env.stderr, Schedule: *schedule, Settle: *settle}
 			if *compare {
 				var cmp loadgen.ScheduleComparison
 				for _, sch := range []string{"episodes", "groups"} {
@@ -157,4 +166,82 @@ command in the same container.`,
 		return err
 	}
 	return cmd
+}
+
+// newFakePolicyCmd is the hidden `rollbox fake-policy`: rollbox bench's fake
+// OpenAI-compatible policy in a process of its own, so that neither its CPU
+// nor its goroutines are counted against the service or the bench's own
+// probes. It prints "fakepolicy listening on URL" and serves until its
+// standard input ends.
+func newFakePolicyCmd(env *cliEnv) *cobra.Command {
+	cmd := &cobra.Command{Use: "fake-policy", Short: "rollbox bench's fake policy server (run by it)", Hidden: true, Args: noArgs}
+	latency := cmd.Flags().Duration("latency", 0, "added to every call")
+	jitter := cmd.Flags().Duration("jitter", 0, "extra random latency in [0, jitter)")
+	bashCalls := cmd.Flags().Int("bash-calls", 0, "bash calls of `true` before finish")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		pol, err := fakepolicy.Start(fakepolicy.Config{Latency: *latency, Jitter: *jitter, Responder: fakepolicy.BashThenFinish(*bashCalls)})
+		if err != nil {
+			return err
+		}
+		defer pol.Close()
+		fmt.Fprintf(env.stdout, "fakepolicy listening on %s\n", pol.URL())
+		io.Copy(io.Discard, env.stdin)
+		return nil
+	}
+	return cmd
+}
+
+// startFakePolicy runs `rollbox fake-policy` as a child process and returns
+// its base URL and how to stop it.
+func startFakePolicy(env *cliEnv, latency, jitter time.Duration, bashCalls int) (string, func(), error) {
+	cmd, err := env.command("fake-policy", "--latency", latency.String(), "--jitter", jitter.String(), "--bash-calls", strconv.Itoa(bashCalls))
+	if err != nil {
+		return "", nil, err
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return "", nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	stop := func() {
+		in.Close()
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	}
+	started := make(chan string, 1)
+	go func() {
+		defer close(started)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if u, ok := strings.CutPrefix(sc.Text(), "fakepolicy listening on "); ok {
+				started <- u
+				io.Copy(io.Discard, out)
+				return
+			}
+		}
+	}()
+	select {
+	case u, ok := <-started:
+		if ok {
+			return u, stop, nil
+		}
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+	}
+	stop()
+	return "", nil, fmt.Errorf("the fake policy (%s fake-policy) did not start", cmd.Path)
 }

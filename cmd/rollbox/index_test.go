@@ -16,7 +16,7 @@ import (
 func rollbox(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
 	var out, errb bytes.Buffer
-	code := run(context.Background(), &cliEnv{stdin: strings.NewReader(""), stdout: &out, stderr: &errb}, args)
+	code := run(context.Background(), &cliEnv{stdin: strings.NewReader(""), stdout: &out, stderr: &errb, self: testSelf}, args)
 	return code, out.String(), errb.String()
 }
 

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"regexp"
 	"runtime/debug"
@@ -62,6 +63,23 @@ type cliEnv struct {
 	// signal is the signal that cancelled the command's context, when one
 	// did (main's signal handler sets it); nil otherwise.
 	signal func() os.Signal
+	// self makes a command that runs this program with args in a child
+	// process (rollbox serve's health responder, rollbox bench's fake
+	// policy); exec of os.Executable when nil. Tests point it at their
+	// TestMain.
+	self func(args ...string) (*exec.Cmd, error)
+}
+
+// command runs this program with args in a child process (see self).
+func (env *cliEnv) command(args ...string) (*exec.Cmd, error) {
+	if env.self != nil {
+		return env.self(args...)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	return exec.Command(exe, args...), nil
 }
 
 // Command groups, in the order `rollbox --help` lists them.
@@ -109,6 +127,7 @@ Docs: README.md and docs/ in the repository.`,
 		c.GroupID = "service"
 		root.AddCommand(c)
 	}
+	root.AddCommand(newServeHealthCmd(env), newFakePolicyCmd(env))
 	ix := newIndexCmd(env)
 	ix.GroupID = "search"
 	root.AddCommand(ix)

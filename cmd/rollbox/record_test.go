@@ -20,7 +20,7 @@ import (
 func TestMain(m *testing.M) {
 	if args := os.Getenv("ROLLBOX_TEST_MAIN"); args != "" {
 		ctx, sig, stop := withSignals(context.Background(), os.Stderr)
-		env := &cliEnv{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, signal: sig}
+		env := &cliEnv{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, signal: sig, self: testSelf}
 		var argv []string
 		if err := json.Unmarshal([]byte(args), &argv); err != nil {
 			panic(err)
@@ -30,6 +30,15 @@ func TestMain(m *testing.M) {
 		os.Exit(code)
 	}
 	os.Exit(m.Run())
+}
+
+// testSelf is cliEnv.self for tests: this test binary, which runs rollbox
+// with args (TestMain).
+func testSelf(args ...string) (*exec.Cmd, error) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	js, _ := json.Marshal(args)
+	cmd.Env = append(os.Environ(), "ROLLBOX_TEST_MAIN="+string(js))
+	return cmd, nil
 }
 
 // rollboxProcess runs rollbox with args in a child process.

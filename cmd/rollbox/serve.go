@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -26,6 +27,7 @@ import (
 	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/runtime"
 	"github.com/rollbox/rollbox/sandbox"
+	"github.com/rollbox/rollbox/sandbox/auditlog"
 )
 
 // newServeCmd is `rollbox serve`: the rollout HTTP API over --data DIR.
@@ -73,6 +75,10 @@ stderr.`,
 	redact := fs.String("redact", "", "redaction `FILE` (JSON) for imported episodes: {\"defaults\": true|false, \"patterns\": [{\"kind\", \"regex\"}]} (default: the documented patterns: API keys, bearer tokens, JWTs, private keys, URL passwords, emails)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this `FILE` (for go tool pprof)")
+	healthAddr := fs.String("health-addr", "", "also answer GET /healthz on this `HOST:PORT`, from a process of its own: a few milliseconds whatever the load, and 503 \"unresponsive\" when the service stops reporting (for liveness probes)")
+	healthStale := fs.Duration("health-stale", 5*time.Second, "with --health-addr: report the service unresponsive when it has not reported its health for this long")
+	auditLog := fs.String("audit-log", "", "append every sandbox call to this hash-chained log `FILE`, rotated past 64 MiB into FILE.1 ... FILE.8 (default $ROLLBOX_AUDIT_LOG, else DATA/audit.jsonl)")
+	noAuditLog := fs.Bool("no-audit-log", false, "keep no audit log")
 	debugAddr := fs.String("debug-addr", "", "serve Go's profiles (net/http/pprof: heap, goroutines, CPU) on this loopback `HOST:PORT`, apart from the API")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx := cmd.Context()
@@ -217,8 +223,28 @@ stderr.`,
 			}
 		}
 
+		// The audit log is on unless turned off, so that a security team
+		// finds one without having asked for it in advance. It is opened
+		// now to refuse a start on one that cannot be appended to (a torn
+		// last line); each backend appends through its own handle.
+		auditPath := ""
+		if !*noAuditLog {
+			auditPath = cmp.Or(*auditLog, cfg.auditLog, filepath.Join(*data, "audit.jsonl"))
+			l, err := auditlog.Open(auditPath, auditlog.Options{})
+			if err != nil {
+				return fmt.Errorf("%w (--audit-log to move it, --no-audit-log to keep none)", err)
+			}
+			l.Close()
+		} else if *auditLog != "" {
+			return usagef("--audit-log and --no-audit-log contradict each other")
+		}
+
 		// First-use builds are logged like everything else the service says.
 		backends := newBackendSet(logLines{log}, cfg)
+		backends.opts.auditLog, backends.opts.auditMaxBytes = auditPath, serveAuditLogMaxBytes
+		if auditPath == "" {
+			backends.opts.cfg.auditLog = "" // --no-audit-log wins over $ROLLBOX_AUDIT_LOG
+		}
 		if !usesDocker {
 			cleanup := func(ctx context.Context) { gcOwner(ctx, log, cfg) }
 			backends.beforeOpen = map[string]func(context.Context){sandbox.BackendDocker: cleanup, sandbox.BackendContainerd: cleanup}
@@ -256,6 +282,18 @@ stderr.`,
 			srv.Close()
 			return fmt.Errorf("listen on %s: %w", *addr, err)
 		}
+		stopHealth := func() {}
+		if *healthAddr != "" {
+			hurl, stop, err := startHealthResponder(env, *healthAddr, *healthStale, srv, log)
+			if err != nil {
+				ln.Close()
+				srv.Close()
+				return fmt.Errorf("--health-addr: %w", err)
+			}
+			stopHealth = stop
+			log.Info(fmt.Sprintf("health responder on %s/healthz (its own process)", hurl), "health_url", hurl+"/healthz")
+		}
+		defer stopHealth()
 		hs := srv.HTTPServer()
 		served := make(chan error, 1)
 		go func() { served <- hs.Serve(ln) }()
@@ -265,7 +303,7 @@ stderr.`,
 			auth = fmt.Sprintf("%d bearer token(s)", tenants.Count())
 		}
 		log.Info(fmt.Sprintf("listening on http://%s (data %s)", ln.Addr(), abs), "addr", ln.Addr().String(), "data", abs, "owner", owner,
-			"default_backend", *backendName, "catalog", len(catalog), limitsAttr(limits), "auth", auth, "allowed_hosts", hosts)
+			"default_backend", *backendName, "catalog", len(catalog), limitsAttr(limits), "auth", auth, "allowed_hosts", hosts, "audit_log", auditPath)
 
 		select {
 		case <-ctx.Done():
@@ -379,6 +417,9 @@ func answeredHosts(addr, flag string) ([]string, error) {
 	}
 	return nil, nil
 }
+
+// serveAuditLogMaxBytes is the size past which serve's audit log rotates.
+const serveAuditLogMaxBytes = 64 << 20
 
 // serveDebug serves net/http/pprof on addr, which must be a loopback
 // address: profiles show the service's memory and goroutines.

@@ -92,7 +92,7 @@ func serveLogged(t *testing.T, args ...string) (url string, stop func() int, std
 	lw := &lineWriter{lines: make(chan string, 1000)}
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, &cliEnv{stdin: strings.NewReader(""), stdout: io.Discard, stderr: lw}, append([]string{"serve", "--addr", "127.0.0.1:0"}, args...))
+		done <- run(ctx, &cliEnv{stdin: strings.NewReader(""), stdout: io.Discard, stderr: lw, self: testSelf}, append([]string{"serve", "--addr", "127.0.0.1:0"}, args...))
 	}()
 	deadline := time.After(60 * time.Second)
 	for url == "" {
@@ -172,10 +172,21 @@ func TestServeRunsARolloutAndKeepsItAcrossARestart(t *testing.T) {
 	if code := stop(); code != 0 {
 		t.Fatalf("serve exited %d after the signal", code)
 	}
+	// The audit log is on by default, in the data directory, and has
+	// every episode's sandboxes.
+	if code, out, stderr := rollbox(t, "audit", "verify-log", "--json", filepath.Join(data, "audit.jsonl")); code != 0 ||
+		!strings.Contains(out, `"episodes": 3`) {
+		t.Errorf("the default audit log: exit %d %s %s", code, out, stderr)
+	}
 
-	// A new process on the same data directory has it all.
-	url, stop = serve(t, "--data", data)
+	// A new process on the same data directory has it all; --audit-log
+	// moves the log.
+	moved := filepath.Join(dir, "elsewhere.jsonl")
+	url, stop = serve(t, "--data", data, "--audit-log", moved)
 	defer stop()
+	if _, err := os.Stat(moved); err != nil {
+		t.Errorf("--audit-log: %v", err)
+	}
 	var st runtime.RolloutStatus
 	resp, err = http.Get(url + "/v1/rollouts/" + created.ID)
 	if err != nil {

@@ -72,9 +72,16 @@ type RolloutResult struct {
 	// HealthzMS is GET /healthz's latency during the rollout (every 50 ms,
 	// each on a new connection, as a liveness probe would);
 	// HealthzAtPeakMS only those while at least 90% of the episodes ran.
-	HealthzMS       Percentiles `json:"healthz_ms"`
-	HealthzAtPeakMS Percentiles `json:"healthz_at_peak_ms"`
-	HealthzFailed   int         `json:"healthz_failed"`
+	// HealthPort* are the same of the separate health responder (serve
+	// --health-addr), when there is one.
+	HealthzMS          Percentiles `json:"healthz_ms"`
+	HealthzAtPeakMS    Percentiles `json:"healthz_at_peak_ms"`
+	HealthzFailed      int         `json:"healthz_failed"`
+	HealthPortMS       Percentiles `json:"health_port_ms"`
+	HealthPortAtPeakMS Percentiles `json:"health_port_at_peak_ms"`
+	// HealthPortNot200 counts its answers other than 200 (503
+	// "unresponsive": the service did not report for --health-stale).
+	HealthPortNot200 int `json:"health_port_not_200"`
 	// The service's resident memory before the rollout, when it ended, and
 	// after Settle; SettledAfterS is when it first came within 20% of the
 	// value before (-1: never within Settle).
@@ -174,9 +181,14 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	type probe struct {
-		ms      float64
-		running int
-		failed  bool
+		ms, portMS float64
+		running    int
+		failed     bool
+		portNot200 bool
+	}
+	healthURL := ""
+	if c.Service != nil && c.Service.HealthURL != "" {
+		healthURL = c.Service.HealthURL
 	}
 	probes := make(chan []probe, 1)
 	go func() {
@@ -202,7 +214,17 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 			}
 			json.NewDecoder(r.Body).Decode(&h)
 			r.Body.Close()
-			got = append(got, probe{ms: float64(time.Since(t0)) / float64(time.Millisecond), running: h.EpisodesRunning})
+			p := probe{ms: float64(time.Since(t0)) / float64(time.Millisecond), running: h.EpisodesRunning, portMS: -1}
+			if healthURL != "" {
+				t1 := time.Now()
+				if r, err := client.Get(healthURL); err == nil {
+					io.Copy(io.Discard, r.Body)
+					r.Body.Close()
+					p.portMS = float64(time.Since(t1)) / float64(time.Millisecond)
+					p.portNot200 = r.StatusCode != http.StatusOK
+				}
+			}
+			got = append(got, p)
 			if int64(h.EpisodesRunning) > peak.Load() {
 				peak.Store(int64(h.EpisodesRunning))
 			}
@@ -277,19 +299,30 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 	res.WallS = time.Since(start).Seconds()
 	res.RSSBefore, res.RSSAtEnd, res.Schedule = rssBefore, rss(), c.Schedule
 	stopWatch()
-	var all, atPeak []float64
+	var all, atPeak, port, portAtPeak []float64
 	for _, p := range <-probes {
 		switch {
 		case p.failed:
 			res.HealthzFailed++
 		default:
+			peak := p.running*10 >= c.Episodes*9
 			all = append(all, p.ms)
-			if p.running*10 >= c.Episodes*9 {
+			if peak {
 				atPeak = append(atPeak, p.ms)
+			}
+			if p.portNot200 {
+				res.HealthPortNot200++
+			}
+			if p.portMS >= 0 {
+				port = append(port, p.portMS)
+				if peak {
+					portAtPeak = append(portAtPeak, p.portMS)
+				}
 			}
 		}
 	}
 	res.HealthzMS, res.HealthzAtPeakMS = PercentilesOf(all), PercentilesOf(atPeak)
+	res.HealthPortMS, res.HealthPortAtPeakMS = PercentilesOf(port), PercentilesOf(portAtPeak)
 	res.PeakRunning = int(peak.Load())
 	res.SettledAfterS = -1
 	for t0 := time.Now(); c.Settle > 0; time.Sleep(time.Second) {
@@ -338,6 +371,10 @@ func (res *RolloutResult) Report(w io.Writer) {
 		cmpOr(res.Schedule, "(default)"), res.FirstGroupS, res.HalfGroupsS)
 	fmt.Fprintf(w, "  healthz             %s   (a new connection every 50 ms; %d failed)\n", res.HealthzMS, res.HealthzFailed)
 	fmt.Fprintf(w, "    at peak           %s   (while at least 90%% of the episodes ran)\n", res.HealthzAtPeakMS)
+	if res.HealthPortMS.N > 0 {
+		fmt.Fprintf(w, "  healthz (--health-addr) %s   (the separate responder, probed right after; %d not 200)\n", res.HealthPortMS, res.HealthPortNot200)
+		fmt.Fprintf(w, "    at peak           %s\n", res.HealthPortAtPeakMS)
+	}
 	fmt.Fprintf(w, "  service RSS         %.1f MiB before, %.1f MiB at the end", float64(res.RSSBefore)/(1<<20), float64(res.RSSAtEnd)/(1<<20))
 	if res.RSSSettled > 0 {
 		fmt.Fprintf(w, ", %.1f MiB after settling", float64(res.RSSSettled)/(1<<20))

@@ -20,13 +20,19 @@ import (
 // service's peak RSS and CPU time are its own.
 type Service struct {
 	// URL is where it listens.
-	URL    string
+	URL string
+	// HealthURL is its separate health responder's /healthz, when it was
+	// started with --health-addr.
+	HealthURL string
 	cmd    *exec.Cmd
 	logf   *os.File
 	waited chan error
 }
 
-var listeningRe = regexp.MustCompile(`listening on (http://\S+)`)
+var (
+	listeningRe = regexp.MustCompile(`"listening on (http://\S+)`)
+	healthRe    = regexp.MustCompile(`"health responder on (http://\S+)`)
+)
 
 // StartService runs `exe serve` on dataDir/data with flags (and an address
 // it picks), its log in dataDir/serve.log, and waits until it listens.
@@ -46,11 +52,15 @@ func StartService(ctx context.Context, exe, dataDir string, flags []string) (*Se
 	}
 	c := &Service{cmd: cmd, logf: logf, waited: make(chan error, 1)}
 	found := make(chan string, 1)
+	health := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
 			line := sc.Text()
+			if m := healthRe.FindStringSubmatch(line); m != nil {
+				health <- m[1]
+			}
 			if m := listeningRe.FindStringSubmatch(line); m != nil {
 				select {
 				case found <- m[1]:
@@ -63,6 +73,10 @@ func StartService(ctx context.Context, exe, dataDir string, flags []string) (*Se
 	go func() { c.waited <- cmd.Wait() }()
 	select {
 	case c.URL = <-found:
+		select {
+		case c.HealthURL = <-health: // printed before the listening line
+		default:
+		}
 		return c, nil
 	case err := <-c.waited:
 		return nil, fmt.Errorf("rollbox serve exited before listening (%v); see %s", err, logf.Name())
