@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -57,34 +58,24 @@ type workloadTimes struct {
 // arm once, in rotating order, so load on the machine falls on all of them
 // alike; the numbers are the medians of the workload's own timings and of
 // the CPU time its container used meanwhile (the host's cgroup, read
-// around the exec, and around the same python3 in the plain container,
-// which waits on its stdin before and after it).
+// around the exec, and in the plain container from the start of the same
+// python3 to its exit).
 //
-//	go test ./sandbox/docker -run '^$' -bench PythonWorkload -benchtime 10x
+//	go test ./sandbox/docker -run '^$' -bench PythonWorkload -benchtime 15x
 //
 // ROLLBOX_BENCH_BASELINE_GUEST, a guest binary built from another commit,
 // adds a "baseline" arm: before and after, side by side in one run.
 //
-//	git worktree add /tmp/base COMMIT && (cd /tmp/base && CGO_ENABLED=0 go build -o /tmp/guest-base ./images/guest)
+//	mkdir /tmp/base && git archive COMMIT | tar -x -C /tmp/base &&
+//	  (cd /tmp/base && CGO_ENABLED=0 go build -o /tmp/guest-base ./images/guest)
 func BenchmarkPythonWorkload(b *testing.B) {
 	be := need(b)
 	ctx := context.Background()
 	if _, err := docker.BuildImage(ctx, be.Client(), "python", os.Stderr); err != nil {
 		b.Fatal(err)
 	}
-	arms := map[string]*docker.Backend{"rollbox": be}
-	if path := os.Getenv("ROLLBOX_BENCH_BASELINE_GUEST"); path != "" {
-		base, err := docker.New(ctx, docker.Options{GuestPath: path, Owner: testOwner})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { base.Close() })
-		arms["baseline"] = base
-	}
-	names := []string{"plain"}
-	for n := range arms {
-		names = append(names, n)
-	}
+	arms := guestArms(b, be)
+	names := append([]string{"plain"}, slices.Sorted(maps.Keys(arms))...)
 	slices.Sort(names)
 	for _, rt := range []string{sandbox.RuntimeRunc, sandbox.RuntimeRunsc} {
 		b.Run(rt, func(b *testing.B) {
@@ -127,6 +118,78 @@ func BenchmarkPythonWorkload(b *testing.B) {
 	}
 }
 
+// guestArms is be ("rollbox") and, with ROLLBOX_BENCH_BASELINE_GUEST, a
+// backend running that guest binary ("baseline").
+func guestArms(b *testing.B, be *docker.Backend) map[string]*docker.Backend {
+	arms := map[string]*docker.Backend{"rollbox": be}
+	if path := os.Getenv("ROLLBOX_BENCH_BASELINE_GUEST"); path != "" {
+		base, err := docker.New(context.Background(), docker.Options{GuestPath: path, Owner: testOwner})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { base.Close() })
+		arms["baseline"] = base
+	}
+	return arms
+}
+
+// BenchmarkGuestIdleCPU measures what the guest itself costs a runsc
+// sandbox: the CPU its cgroup uses over a second in which no command runs
+// (the sandbox waits for the model) and over a `sleep 1` (a command that
+// does nothing), per guest arm (ROLLBOX_BENCH_BASELINE_GUEST adds the old
+// guest, as for BenchmarkPythonWorkload). A guest that polls pays here.
+//
+//	go test ./sandbox/docker -run '^$' -bench GuestIdleCPU -benchtime 5x
+func BenchmarkGuestIdleCPU(b *testing.B) {
+	be := need(b)
+	ctx := context.Background()
+	arms := guestArms(b, be)
+	names := slices.Sorted(maps.Keys(arms))
+	type sample struct{ idle, sleeping float64 }
+	got := map[string][]sample{}
+	i := 0
+	for b.Loop() {
+		for k := range names {
+			name := names[(i+k)%len(names)]
+			sb, err := arms[name].Create(ctx, sandbox.Spec{Image: "base", Runtime: sandbox.RuntimeRunsc})
+			if err != nil {
+				b.Fatal(err)
+			}
+			id := sb.(*docker.Container).FullID()
+			// A command first, as in an episode, then a second without any.
+			if _, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"true"}}); err != nil {
+				b.Fatal(err)
+			}
+			start, cpu := time.Now(), cgroupCPU(id)
+			time.Sleep(time.Second)
+			idle := (cgroupCPU(id) - cpu) / time.Since(start).Seconds()
+			start, cpu = time.Now(), cgroupCPU(id)
+			if res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"sleep", "1"}}); err != nil || res.ExitCode != 0 {
+				b.Fatalf("sleep: %v %+v", err, res)
+			}
+			sleeping := (cgroupCPU(id) - cpu) / time.Since(start).Seconds()
+			sb.Close()
+			got[name] = append(got[name], sample{idle, sleeping})
+		}
+		i++
+	}
+	var table strings.Builder
+	fmt.Fprintf(&table, "runsc, median of %d (CPU seconds a second of the sandbox's cgroup):\n%-9s %8s %8s\n", i, "guest", "idle", "sleep 1")
+	for _, name := range names {
+		var idle, sleeping []float64
+		for _, s := range got[name] {
+			idle, sleeping = append(idle, s.idle), append(sleeping, s.sleeping)
+		}
+		slices.Sort(idle)
+		slices.Sort(sleeping)
+		m := [2]float64{idle[len(idle)/2], sleeping[len(sleeping)/2]}
+		fmt.Fprintf(&table, "%-9s %8.3f %8.3f\n", name, m[0], m[1])
+		b.ReportMetric(m[0], name+"-idle-cpu/s")
+		b.ReportMetric(m[1], name+"-sleep-cpu/s")
+	}
+	b.Log(table.String())
+}
+
 // sandboxWorkload runs the workload in a fresh sandbox of be.
 func sandboxWorkload(b *testing.B, be *docker.Backend, spec sandbox.Spec) workloadTimes {
 	ctx := context.Background()
@@ -148,8 +211,9 @@ func sandboxWorkload(b *testing.B, be *docker.Backend, spec sandbox.Spec) worklo
 
 // plainWorkload is `docker run` of the workload in a container configured
 // as be would configure spec's, running a shell that says it is ready,
-// waits for a line, runs python3 and waits again: the CPU its cgroup uses
-// between the lines is the workload's.
+// waits for a line, runs python3, says it is done and waits again: the CPU
+// its cgroup uses from the first line to "done" is the workload's, its
+// start and exit included as in the sandbox's Exec.
 func plainWorkload(b *testing.B, be *docker.Backend, spec sandbox.Spec) workloadTimes {
 	ctx := context.Background()
 	cli := be.Client()
@@ -162,7 +226,7 @@ func plainWorkload(b *testing.B, be *docker.Backend, spec sandbox.Spec) workload
 		b.Fatal(err)
 	}
 	cfg, hc := be.ContainerConfig(spec, img.ID)
-	cfg.Entrypoint = []string{"/bin/sh", "-c", `echo ready; read go; python3 -c "$WORKLOAD"; read end`}
+	cfg.Entrypoint = []string{"/bin/sh", "-c", `echo ready; read go; python3 -c "$WORKLOAD"; echo done; read end`}
 	cfg.Env = append(cfg.Env, "WORKLOAD="+pythonWorkload)
 	c, err := cli.ContainerCreate(ctx, cfg, hc, nil, nil, "")
 	if err != nil {
@@ -194,6 +258,9 @@ func plainWorkload(b *testing.B, be *docker.Backend, spec sandbox.Spec) workload
 	before := cgroupCPU(c.ID)
 	io.WriteString(hj.Conn, "go\n")
 	t := parseWorkload(b, []byte(line()))
+	if l := line(); l != "done" { // python3 has exited, as when Exec returns
+		b.Fatalf("plain container said %q", l)
+	}
 	t.CPU = cgroupCPU(c.ID) - before
 	io.WriteString(hj.Conn, "end\n")
 	select {
