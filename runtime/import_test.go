@@ -510,3 +510,54 @@ func TestRollboxTrajectoriesAreImportedAndCheckedAgainstTheSchema(t *testing.T) 
 		t.Errorf("imported record: %+v %+v %+v", tr.Import, tr.Reward, tr.Stats)
 	}
 }
+
+func TestRedactionFindsEveryDefaultKindWhereverItIsAndHowEverItIsEscaped(t *testing.T) {
+	r, err := runtime.NewRedactor(runtime.RedactionConfig{Patterns: []runtime.RedactionPattern{{Kind: "customer", Regex: `cust=(?P<secret>[0-9]{6})`}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct{ in, want string }{
+		{"key sk-proj-0123456789abcdefghijKLMN end", "key [REDACTED:api_key] end"},
+		{"AKIAABCDEFGHIJKLMNOP", "[REDACTED:api_key]"},
+		{"ghp_" + strings.Repeat("a1", 18), "[REDACTED:api_key]"},
+		{"Authorization: bEaReR abcdefghijklmnopqrstu.v-w", "Authorization: bEaReR [REDACTED:bearer_token]"},
+		{"eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.c2lnbmF0dXJlX3g", "[REDACTED:jwt]"},
+		{"postgres://admin:hunter2@db:5432/x", "postgres://admin:[REDACTED:url_credentials]@db:5432/x"},
+		{"-----BEGIN RSA PRIVATE KEY-----\nMIIB\n-----END RSA PRIVATE KEY-----", "[REDACTED:private_key]"},
+		{"write to Jane.Doe+x@mail.example.co.uk now", "write to [REDACTED:email] now"},
+		{"order cust=123456 shipped", "order cust=[REDACTED:customer] shipped"},
+		{"nothing secret: a@b is not an email, sk-short neither", "nothing secret: a@b is not an email, sk-short neither"},
+	} {
+		if got := r.String(tt.in, func(string, int) {}); got != tt.want {
+			t.Errorf("%q\n got %q\nwant %q", tt.in, got, tt.want)
+		}
+	}
+	if _, err := runtime.NewRedactor(runtime.RedactionConfig{Patterns: []runtime.RedactionPattern{{Kind: "x", Regex: `a*`}}}); err == nil {
+		t.Error("a pattern matching the empty string was taken")
+	}
+
+	// Through an import: a secret written with JSON escapes is found too,
+	// by the default patterns and by the operator's.
+	for _, tt := range []struct {
+		redactor *runtime.Redactor
+		content  string
+		leaks    []string
+	}{
+		{nil, `mail jane\u0040example.com`, []string{"jane@example.com"}},
+		{nil, `Bearer\tabcdefghijklmnopqrstuvwx`, []string{"abcdefghijklmnopqrstuvwx"}},
+		{r, `db https:\/\/u:pw12345@h\/ , CUST=1 cust=654321`, []string{"pw12345", "654321"}},
+	} {
+		s := startService(t, "", func(o *runtime.Options) { o.Redactor = tt.redactor })
+		line := `{"id": "esc", "policy_version": "v1", "messages": [{"role": "user", "content": "` + tt.content + `"}, {"role": "assistant", "content": "ok"}]}`
+		code, res, _ := s.importNDJSON("", strings.NewReader(line+"\n"))
+		if code != 200 || res.Accepted != 1 {
+			t.Fatalf("%d %+v", code, res)
+		}
+		raw, _ := os.ReadFile(filepath.Join(s.data, "episodes", res.Episodes[0].ID+".json"))
+		for _, leak := range tt.leaks {
+			if bytes.Contains(raw, []byte(leak)) {
+				t.Errorf("%s: stored %q", tt.content, leak)
+			}
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"sort"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -64,8 +65,8 @@ type ImportedRef struct {
 // durable (one file-system sync, one transaction) before the next is read,
 // so memory stays bounded whatever the size of the body.
 const (
-	importChunkEpisodes = 256
-	importChunkBytes    = 8 << 20
+	importChunkEpisodes = 1024
+	importChunkBytes    = 16 << 20
 )
 
 // postImport stores the episodes of an NDJSON body (OpenAI chat-completions
@@ -106,15 +107,46 @@ func (s *Server) postImport(w http.ResponseWriter, r *http.Request) error {
 	rc := http.NewResponseController(w)
 	body := &deadlineReader{r: http.MaxBytesReader(w, r.Body, 1<<62), rc: rc, d: s.opts.HTTP.Read}
 	br := bufio.NewReaderSize(body, 256<<10)
+	// Parsing and storing overlap: this goroutine parses the next chunk
+	// while the storer makes the previous one durable (at most two chunks
+	// held besides the one being read). The storer alone sets Accepted,
+	// Duplicates and Episodes; this goroutine the rest.
+	chunks := make(chan []*importedEpisode)
+	stored := make(chan error, 1)
+	var storeFailed atomic.Bool
+	go func() {
+		var err error
+		for c := range chunks {
+			if err == nil {
+				if err = s.storeImported(c, o, res); err != nil {
+					storeFailed.Store(true)
+				}
+			}
+		}
+		stored <- err
+	}()
 	var chunk []*importedEpisode
 	chunkBytes := 0
-	flush := func() error {
-		if len(chunk) == 0 {
-			return nil
+	finished := false
+	var storeErr error
+	finish := func() error {
+		if !finished {
+			finished = true
+			close(chunks)
+			storeErr = <-stored
 		}
-		err := s.storeImported(chunk, o, res)
-		chunk, chunkBytes = chunk[:0], 0
-		return err
+		return storeErr
+	}
+	defer finish()
+	flush := func() error {
+		if len(chunk) > 0 {
+			chunks <- chunk
+			chunk, chunkBytes = nil, 0
+		}
+		if storeFailed.Load() {
+			return finish()
+		}
+		return nil
 	}
 	var line []byte
 	for n := 1; ; n++ {
@@ -125,7 +157,8 @@ func (s *Server) postImport(w http.ResponseWriter, r *http.Request) error {
 			if err == io.EOF {
 				break
 			}
-			return s.importFailed(flush(), err, res, n)
+			flush()
+			return s.importFailed(finish(), err, res, n)
 		}
 		res.Lines = n
 		res.Bytes = body.n
@@ -141,7 +174,7 @@ func (s *Server) postImport(w http.ResponseWriter, r *http.Request) error {
 				res.reject(*le)
 				break
 			}
-			ep.line = n
+			ep.line, ep.importedAt = n, o.now
 			chunk = append(chunk, ep)
 			chunkBytes += len(line)
 		}
@@ -150,17 +183,19 @@ func (s *Server) postImport(w http.ResponseWriter, r *http.Request) error {
 				return s.importFailed(nil, err, res, n)
 			}
 			if s.closingFlag.Load() {
-				return s.importFailed(nil, errors.New("the service is stopping"), res, n)
+				return s.importFailed(finish(), errors.New("the service is stopping"), res, n)
 			}
 		}
 		if err != nil { // a last line without a newline
 			if err == io.EOF {
 				break
 			}
-			return s.importFailed(flush(), err, res, n)
+			flush()
+			return s.importFailed(finish(), err, res, n)
 		}
 	}
-	if err := flush(); err != nil {
+	flush()
+	if err := finish(); err != nil {
 		return s.importFailed(nil, err, res, res.Lines)
 	}
 	res.Bytes = body.n
@@ -310,7 +345,7 @@ func (s *Server) storeImported(chunk []*importedEpisode, o *importOptions, res *
 		t.GroupIndex = counts[t.GroupID]
 		counts[t.GroupID]++
 		t.Seed = int64(t.GroupIndex)
-		t.Import.ImportedAt = o.now
+		t.Import.ImportedAt = ep.importedAt
 		if t.Outcomes.Spec == nil {
 			t.Outcomes.Spec = s.outcomeSpecJSON
 		}

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -47,11 +48,14 @@ func DefaultRedactionPatterns() []RedactionPattern {
 var defaultHints = map[string][]string{
 	"private_key":     {"PRIVATE KEY-----"},
 	"url_credentials": {"://"},
-	"bearer_token":    {"earer", "EARER"},
+	"bearer_token":    {"bearer"}, // compared case-folded (foldedHints)
 	"jwt":             {"eyJ"},
 	"api_key":         {"sk-", "AKIA", "hp_", "ho_", "hu_", "hs_", "hr_", "github_pat_", "xox", "AIza", "glpat-"},
 	"email":           {"@"},
 }
+
+// foldedHints are the kinds whose hints are compared without case.
+var foldedHints = map[string]bool{"bearer_token": true}
 
 var redactKindRe = regexp.MustCompile(`^[a-z][a-z0-9_]{0,31}$`)
 
@@ -65,6 +69,7 @@ type redactRule struct {
 	re     *regexp.Regexp
 	secret int // the index of the group named secret, or 0 for the whole match
 	hints  []string
+	fold   bool // compare hints with the text lower-cased
 	repl   string
 }
 
@@ -92,7 +97,7 @@ func NewRedactor(c RedactionConfig) (*Redactor, error) {
 			rule.secret = 0
 		}
 		if !user {
-			rule.hints = defaultHints[p.Kind]
+			rule.hints, rule.fold = defaultHints[p.Kind], foldedHints[p.Kind]
 		}
 		r.rules = append(r.rules, rule)
 	}
@@ -134,7 +139,7 @@ func (r *Redactor) String(s string, hit func(kind string, n int)) string {
 	}
 	for i := range r.rules {
 		rule := &r.rules[i]
-		if len(rule.hints) > 0 && !containsAny(s, rule.hints) {
+		if !rule.hinted(s) {
 			continue
 		}
 		locs := rule.re.FindAllStringSubmatchIndex(s, -1)
@@ -163,6 +168,50 @@ func (r *Redactor) String(s string, hit func(kind string, n int)) string {
 	return s
 }
 
+// mayMatch reports whether some string of a JSON document could hold what
+// a pattern finds: false only when every pattern has hints, none of them is
+// in raw, and raw has no escape that could hide one (\u, \/).
+func (r *Redactor) mayMatch(raw []byte) bool {
+	if r == nil {
+		return false
+	}
+	if bytes.Contains(raw, []byte(`\u`)) || bytes.Contains(raw, []byte(`\/`)) {
+		return true
+	}
+	var lower []byte
+	for i := range r.rules {
+		rule := &r.rules[i]
+		if len(rule.hints) == 0 {
+			return true
+		}
+		text := raw
+		if rule.fold {
+			if lower == nil {
+				lower = bytes.ToLower(raw)
+			}
+			text = lower
+		}
+		for _, h := range rule.hints {
+			if bytes.Contains(text, []byte(h)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// hinted reports whether s holds one of the rule's hints (always, for a
+// rule without hints).
+func (rule *redactRule) hinted(s string) bool {
+	if len(rule.hints) == 0 {
+		return true
+	}
+	if rule.fold {
+		s = strings.ToLower(s)
+	}
+	return containsAny(s, rule.hints)
+}
+
 // Finds returns the kind of the first pattern that matches s, or "".
 func (r *Redactor) Finds(s string) string {
 	if r == nil {
@@ -170,7 +219,7 @@ func (r *Redactor) Finds(s string) string {
 	}
 	for i := range r.rules {
 		rule := &r.rules[i]
-		if len(rule.hints) > 0 && !containsAny(s, rule.hints) {
+		if !rule.hinted(s) {
 			continue
 		}
 		if rule.re.MatchString(s) {
