@@ -29,8 +29,9 @@ var webFS embed.FS
 //	GET /api/episodes        the runs (each with its summary.json, if any) and one
 //	                         summary per episode; ?rollout=, task=, end=, error= (a
 //	                         tool error kind, or "none"), monitor= (a monitor that
-//	                         fired, "any" or "none"), min_reward=, max_reward=
-//	                         filter them
+//	                         fired, "any" or "none"), source= (rollout, env,
+//	                         production, ...), outcome= (pending, scored),
+//	                         min_reward=, max_reward= filter them
 //	GET /api/episodes/{id}   one trajectory document, as written
 //
 // Runs are kept apart by rollout id: a directory that holds several (a
@@ -87,6 +88,12 @@ type Episode struct {
 	// (a count, or 1/0 for a flag); Triggered those that fired.
 	Monitors  map[string]int `json:"monitors,omitempty"`
 	Triggered []string       `json:"triggered,omitempty"`
+	// Source is rollout, env, production or an importer's label; Outcome
+	// an imported episode's outcome status (pending, scored) and Signals
+	// how many outcome signals it has.
+	Source  string `json:"source"`
+	Outcome string `json:"outcome,omitempty"`
+	Signals int    `json:"signals,omitempty"`
 }
 
 // List is the answer of GET /api/episodes.
@@ -337,6 +344,10 @@ func summarize(file string) (*Episode, error) {
 	if t.Monitors != nil {
 		e.Monitors, e.Triggered = t.Monitors.Values(), t.Monitors.Triggered()
 	}
+	e.Source = trajectory.SourceOf(t)
+	if t.Outcomes != nil {
+		e.Outcome, e.Signals = t.Outcomes.Status, len(t.Outcomes.Signals)
+	}
 	return e, nil
 }
 
@@ -362,6 +373,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	rollout, task, end, kind, mon := q.Get("rollout"), q.Get("task"), q.Get("end"), q.Get("error"), q.Get("monitor")
+	source, outcome := q.Get("source"), q.Get("outcome")
 	if mon != "" && mon != "any" && mon != "none" && !slices.Contains(trajectory.MonitorNames(), mon) {
 		apiError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("monitor %q is not any, none or one of %s", mon, strings.Join(trajectory.MonitorNames(), ", ")))
 		return
@@ -383,6 +395,8 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case rollout != "" && e.RolloutID != rollout,
 			task != "" && e.TaskID != task,
+			source != "" && e.Source != source,
+			outcome != "" && e.Outcome != outcome,
 			end != "" && e.End != end,
 			kind == "none" && len(e.ToolErrors) > 0,
 			kind != "" && kind != "none" && e.ToolErrors[kind] == 0,

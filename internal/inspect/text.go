@@ -82,6 +82,19 @@ func Render(w io.Writer, t *trajectory.Trajectory, opts Options) {
 		pol += " · " + t.Policy.Endpoint
 	}
 	p.f("  policy    %s\n", pol)
+	if imp := t.Import; imp != nil {
+		p.f("  source    %s · imported %s as %s · id %s · policy version %s · grouped by %s\n", p.c(bold, trajectory.SourceOf(t)),
+			imp.ImportedAt.UTC().Format("2006-01-02 15:04:05 UTC"), imp.Format, imp.ExternalID, imp.PolicyVersion, imp.GroupBy)
+	} else {
+		p.f("  source    %s\n", trajectory.SourceOf(t))
+	}
+	if len(t.Redactions) > 0 {
+		var parts []string
+		for _, r := range t.Redactions {
+			parts = append(parts, fmt.Sprintf("%s ×%d at %s", r.Kind, r.Count, r.Path))
+		}
+		p.f("  redacted  %s\n", p.c(yellow, strings.Join(parts, " · ")))
+	}
 	st := t.Stats
 	p.f("  ran       %s · %s · %d turns · %d tool calls · %s prompt + %s completion tokens\n",
 		t.StartedAt.UTC().Format("2006-01-02 15:04:05 UTC"), dur(st.DurationMS), st.Turns, st.ToolCalls,
@@ -103,9 +116,17 @@ func Render(w io.Writer, t *trajectory.Trajectory, opts Options) {
 	}
 	for _, s := range t.Steps {
 		p.f("\n")
-		if s.Type == trajectory.StepModel {
+		switch s.Type {
+		case trajectory.StepModel:
 			p.model(s)
-		} else {
+		case trajectory.StepUser:
+			who := "user"
+			if s.Name != "" {
+				who = s.Name
+			}
+			p.f("%s %s\n", p.c(bold, who), p.c(dim, fmt.Sprintf("#%d", s.Index)))
+			p.block(strings.TrimSpace(s.Content), "  ", "")
+		default:
 			p.tool(s)
 		}
 		for _, e := range events[s.Index] {
@@ -114,7 +135,40 @@ func Render(w io.Writer, t *trajectory.Trajectory, opts Options) {
 	}
 	p.f("\n")
 	p.end(t)
+	p.outcomes(t)
 	p.monitors(t)
+}
+
+// outcomes prints an imported episode's outcome status and signals.
+func (p printer) outcomes(t *trajectory.Trajectory) {
+	o := t.Outcomes
+	if o == nil {
+		return
+	}
+	status := p.c(yellow+bold, "pending") + " until " + o.MaturesAt.UTC().Format("2006-01-02 15:04:05 UTC")
+	if o.Status == trajectory.OutcomeScored {
+		status = p.c(green+bold, "scored")
+		if o.ScoredAt != nil {
+			status += " at " + o.ScoredAt.UTC().Format("2006-01-02 15:04:05 UTC")
+		}
+	}
+	p.f("%s  %s · %d signal(s)\n", p.c(bold, "outcomes"), status, len(o.Signals))
+	for _, s := range o.Signals {
+		line := fmt.Sprintf("%-14s %8.3f", s.Name, s.Value)
+		if len(s.Raw) > 0 {
+			line += " (" + string(s.Raw) + ")"
+		}
+		if s.At != "" {
+			line += " at " + s.At
+		}
+		if s.Source != "" {
+			line += " from " + s.Source
+		}
+		if s.Late {
+			line += " " + p.c(dim, "late: not in the reward")
+		}
+		p.f("          %s\n", line)
+	}
 }
 
 func (p printer) model(s trajectory.Step) {

@@ -300,7 +300,9 @@ function renderEpisode(t) {
       el("div", { class: "id" }, t.episode_id),
       el("div", { class: "tags" }, endBadge(term.reason), ...errs.map(([k, n]) => errorBadge(k, n)),
         ...MONITORS.filter(m => monitorValue(t.monitors, m) > 0).map(m => monitorBadge(m, monitorValue(t.monitors, m))),
-        badge(sb.backend || "?"), t.policy && t.policy.kind ? badge("policy " + t.policy.kind) : null)),
+        badge(sb.backend || "?"), t.policy && t.policy.kind ? badge("policy " + t.policy.kind) : null,
+        t.source ? el("span", { id: "source-badge" }, badge("source " + t.source)) : null,
+        t.outcomes ? el("span", { id: "outcome-badge" }, badge("outcome " + t.outcomes.status)) : null)),
     el("div", { class: "score", id: "reward" },
       el("div", { class: "label" }, "reward"),
       el("div", { class: "value", id: "reward-total", style: { color: rewardColor(reward ? reward.total : null) } },
@@ -344,6 +346,8 @@ function renderEpisode(t) {
   }
   cards.append(rc);
   if (t.monitors) cards.append(monitorCard(t.monitors));
+  if (t.outcomes) cards.append(outcomeCard(t.outcomes));
+  if (t.import || (t.redactions && t.redactions.length)) cards.append(importCard(t));
 
   // How it ended.
   cards.append(el("section", { class: "card", id: "end-card" }, el("h3", {}, "End"),
@@ -375,6 +379,38 @@ function renderEpisode(t) {
   root.append(el("h2", { class: "section" }, "Timeline · " + count(st.turns || 0, "turn") + " · " + count(st.tool_calls || 0, "tool call")));
   root.append(renderTimeline(t));
   return root;
+}
+
+// outcomeCard shows an imported episode's outcome status and its signals.
+function outcomeCard(o) {
+  const c = el("section", { class: "card", id: "outcome-card" }, el("h3", {}, "Outcome signals"),
+    el("div", { class: "muted", id: "outcome-status" }, o.status === "scored"
+      ? "scored" + (o.scored_at ? " at " + new Date(o.scored_at).toLocaleString() : "")
+      : "pending: the window closes at " + new Date(o.matures_at).toLocaleString() + "; no reward until then"));
+  for (const s of o.signals || []) {
+    c.append(el("div", { class: "component", "data-signal": s.name, "data-late": s.late ? "true" : "false" },
+      el("span", {}, s.name.replace(/_/g, " ") + (s.source ? " · " + s.source : "") + (s.at ? " · " + s.at : "") + (s.late ? " · late (not in the reward)" : "")),
+      el("span", { class: "v" }, s.raw !== undefined ? JSON.stringify(s.raw) : String(s.value))));
+  }
+  if (!(o.signals || []).length) c.append(el("div", { class: "muted" }, "no signal yet"));
+  return c;
+}
+
+// importCard shows where an imported episode came from and what was
+// redacted from it (kinds, places, counts: never the text).
+function importCard(t) {
+  const i = t.import || {};
+  return el("section", { class: "card", id: "import-card" }, el("h3", {}, "Import"),
+    el("dl", { class: "kv" },
+      el("dt", {}, "source"), el("dd", {}, t.source || "?"),
+      i.external_id ? [el("dt", {}, "caller's id"), el("dd", { class: "mono" }, i.external_id)] : null,
+      i.format ? [el("dt", {}, "format"), el("dd", {}, i.format)] : null,
+      i.policy_version ? [el("dt", {}, "policy version"), el("dd", {}, i.policy_version)] : null,
+      i.group_by ? [el("dt", {}, "grouped by"), el("dd", {}, i.group_by + " " + (i.group_key || ""))] : null,
+      i.imported_at ? [el("dt", {}, "imported"), el("dd", {}, new Date(i.imported_at).toLocaleString())] : null,
+      i.missing && i.missing.length ? [el("dt", {}, "replay needs"), el("dd", {}, i.missing.join(", "))] : null),
+    ...(t.redactions || []).map(r => el("div", { class: "component", "data-redaction": r.kind },
+      el("span", {}, "redacted " + r.kind.replace(/_/g, " ") + " at " + r.path), el("span", { class: "v" }, "×" + r.count))));
 }
 
 function monitorValue(ms, name) {
@@ -435,7 +471,7 @@ function renderTimeline(t) {
   const maxModel = Math.max(1, ...t.steps.filter(s => s.type === "model").map(s => s.duration_ms || 0));
   const ol = el("ol", { class: "timeline", id: "timeline" });
   for (const s of t.steps) {
-    ol.append(s.type === "model" ? modelItem(s, maxModel) : toolItem(s, maxTool));
+    ol.append(s.type === "model" ? modelItem(s, maxModel) : s.type === "user" ? userItem(s) : toolItem(s, maxTool));
     for (const e of events[s.index] || []) ol.append(eventItem(e));
   }
   const term = t.termination;
@@ -463,6 +499,14 @@ function modelItem(s, max) {
       s.content ? el("div", { class: "tl-text" }, s.content) : null,
       s.tool_calls && s.tool_calls.length ? el("div", { class: "calls" }, ...s.tool_calls.map(c =>
         el("span", { class: "call", title: c.arguments }, el("b", {}, c.name), " " + c.arguments))) : null));
+}
+
+// userItem is a later user (or system) message of an imported conversation.
+function userItem(s) {
+  return el("li", { class: "tl user", "--c": "var(--grey)", "data-type": "user", "data-index": s.index }, el("span", { class: "dot" }),
+    el("div", { class: "tl-card" },
+      el("div", { class: "tl-head" }, el("span", { class: "tl-title" }, s.name || "user"), el("span", { class: "muted" }, "step " + s.index)),
+      s.content ? el("div", { class: "tl-text" }, s.content) : null));
 }
 
 function toolItem(s, max) {
