@@ -163,6 +163,36 @@ func TaskOf(tr *trajectory.Trajectory, base string) (*agent.Task, error) {
 	return task, nil
 }
 
+// replayable refuses an imported episode that does not carry what a
+// replay needs, saying what is missing: a conversation imported from
+// production (OpenAI format) records no sandbox, workspace or Rollbox
+// tools, and later user messages cannot be played back into a session.
+// An imported Rollbox trajectory of a real sandbox replays like any other.
+func replayable(tr *trajectory.Trajectory) error {
+	if tr.Import == nil {
+		return nil
+	}
+	var missing []string
+	if tr.Sandbox.Backend == "" || sandbox.CheckBackend(tr.Sandbox.Backend) != nil {
+		missing = append(missing, tr.Import.Missing...)
+		if len(missing) == 0 {
+			missing = append(missing, "sandbox.backend")
+		}
+	}
+	for _, s := range tr.Steps {
+		if s.Type == trajectory.StepUser {
+			missing = append(missing, fmt.Sprintf("a way to play back the user's later messages (step %d is one)", s.Index))
+			break
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return fmt.Errorf("episode %s was imported from %s (format %s, id %s) and cannot be replayed: it does not record %s; "+
+		"replay works on imported Rollbox trajectories of a sandbox (their task carries the image and the files): %w",
+		tr.EpisodeID, trajectory.SourceOf(tr), tr.Import.Format, tr.Import.ExternalID, strings.Join(missing, ", "), ErrBadTrajectory)
+}
+
 // Episode recreates a recorded episode's sandbox and re-executes its tool
 // calls in order through the same session code that recorded them (the
 // same tools, environment, truncation and error kinds), comparing each
@@ -175,6 +205,9 @@ func TaskOf(tr *trajectory.Trajectory, base string) (*agent.Task, error) {
 // ErrBadTrajectory (wrapped) for a trajectory without a usable task or
 // backend; an error from the record of the replay itself.
 func Episode(ctx context.Context, tr *trajectory.Trajectory, opts Options) (*Report, error) {
+	if err := replayable(tr); err != nil {
+		return nil, err
+	}
 	task, err := TaskOf(tr, opts.BaseDir)
 	if err != nil {
 		return nil, err
@@ -415,7 +448,9 @@ func (rp *run) compareEnd(got *trajectory.Trajectory) {
 	if a, b := r.Recorded.Reason, r.Replayed.Reason; a != b {
 		d.Diffs = append(d.Diffs, FieldDiff{Field: "termination.reason", Recorded: a, Replayed: b})
 	}
-	if a, b := rewardText(r.Recorded.Reward), rewardText(r.Replayed.Reward); a != b {
+	// An imported episode's reward is its outcome reward (the signals that
+	// came later), not the task's: it is not compared.
+	if a, b := rewardText(r.Recorded.Reward), rewardText(r.Replayed.Reward); a != b && rp.tr.Outcomes == nil {
 		d.Diffs = append(d.Diffs, FieldDiff{Field: "reward.total", Recorded: a, Replayed: b})
 	}
 	if rp.tr.Reward != nil && got.Reward != nil && rp.tr.Reward.Verifier != nil && got.Reward.Verifier != nil {

@@ -289,3 +289,35 @@ func TestTheWASMShellRunsLinesAndKeepsTheDirectory(t *testing.T) {
 		t.Errorf("ran past exit:\n%s", got)
 	}
 }
+
+// asImported makes a recorded episode look as POST /v1/imports stores it.
+func asImported(tr *trajectory.Trajectory, format string) *trajectory.Trajectory {
+	now := time.Now().UTC()
+	tr.EpisodeID, tr.RolloutID, tr.Source = "imp-0123", "", trajectory.SourceProduction
+	tr.Import = &trajectory.Import{ExternalID: "sess-1", Format: format, ImportedAt: now, PolicyVersion: "v1", GroupBy: "task_id", GroupKey: tr.TaskID}
+	tr.Outcomes = &trajectory.Outcomes{Status: trajectory.OutcomePending, MaturesAt: now.Add(time.Hour), Signals: []trajectory.Signal{}}
+	tr.Reward = trajectory.Unscored(trajectory.RewardPending, nil, "pending")
+	return tr
+}
+
+func TestAnImportedTrajectoryReplaysAndAnImportedChatSaysWhatItLacks(t *testing.T) {
+	tr := asImported(record(t, fixTask, fixTurns), "trajectory")
+	r := replayOf(t, tr)
+	if r.Diverged() || r.Stop != "ended" || len(r.Steps) != 12 {
+		t.Fatalf("an imported Rollbox trajectory: diverged %v (%+v), stop %q, %d steps", r.Diverged(), r.Divergence, r.Stop, len(r.Steps))
+	}
+
+	chat := asImported(record(t, fixTask, fixTurns), "openai")
+	chat.Sandbox = trajectory.Sandbox{Backend: "none"}
+	chat.Import.Missing = []string{"task.sandbox (an image)", "task.files (the workspace)"}
+	chat.Steps = append(chat.Steps, trajectory.Step{Index: len(chat.Steps), Type: trajectory.StepUser, Content: "thanks"})
+	_, err := replay.Episode(context.Background(), chat, replay.Options{NewSandbox: wasmFactory(t), Dir: t.TempDir(), Until: -1})
+	if !errors.Is(err, replay.ErrBadTrajectory) {
+		t.Fatalf("an imported chat: %v", err)
+	}
+	for _, want := range []string{"imported from production", "task.sandbox (an image)", "task.files (the workspace)", "the user's later messages (step 12"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error lacks %q: %v", want, err)
+		}
+	}
+}
