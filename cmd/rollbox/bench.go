@@ -168,13 +168,13 @@ command in the same container.`,
 	return cmd
 }
 
-// newFakePolicyCmd is the hidden `rollbox fake-policy`: rollbox bench's fake
+// newFakePolicyCmd is the hidden `rollbox fakepolicy`: rollbox bench's fake
 // OpenAI-compatible policy in a process of its own, so that neither its CPU
 // nor its goroutines are counted against the service or the bench's own
 // probes. It prints "fakepolicy listening on URL" and serves until its
 // standard input ends.
 func newFakePolicyCmd(env *cliEnv) *cobra.Command {
-	cmd := &cobra.Command{Use: "fake-policy", Short: "rollbox bench's fake policy server (run by it)", Hidden: true, Args: noArgs}
+	cmd := &cobra.Command{Use: "fakepolicy", Short: "rollbox bench's fake policy server (run by it)", Hidden: true, Args: noArgs}
 	latency := cmd.Flags().Duration("latency", 0, "added to every call")
 	jitter := cmd.Flags().Duration("jitter", 0, "extra random latency in [0, jitter)")
 	bashCalls := cmd.Flags().Int("bash-calls", 0, "bash calls of `true` before finish")
@@ -191,10 +191,10 @@ func newFakePolicyCmd(env *cliEnv) *cobra.Command {
 	return cmd
 }
 
-// startFakePolicy runs `rollbox fake-policy` as a child process and returns
+// startFakePolicy runs `rollbox fakepolicy` as a child process and returns
 // its base URL and how to stop it.
 func startFakePolicy(env *cliEnv, latency, jitter time.Duration, bashCalls int) (string, func(), error) {
-	cmd, err := env.command("fake-policy", "--latency", latency.String(), "--jitter", jitter.String(), "--bash-calls", strconv.Itoa(bashCalls))
+	cmd, err := env.command("fakepolicy", "--latency", latency.String(), "--jitter", jitter.String(), "--bash-calls", strconv.Itoa(bashCalls))
 	if err != nil {
 		return "", nil, err
 	}
@@ -243,5 +243,5 @@ func startFakePolicy(env *cliEnv, latency, jitter time.Duration, bashCalls int) 
 		cmd.Process.Kill()
 	}
 	stop()
-	return "", nil, fmt.Errorf("the fake policy (%s fake-policy) did not start", cmd.Path)
+	return "", nil, fmt.Errorf("the fake policy (%s fakepolicy) did not start", cmd.Path)
 }

@@ -28,7 +28,7 @@ type healthSnapshot struct {
 	Body json.RawMessage `json:"body"`
 }
 
-// newServeHealthCmd is the hidden `rollbox serve-health`: the /healthz
+// newServeHealthCmd is the hidden `rollbox healthd`: the /healthz
 // responder `rollbox serve --health-addr` runs in a process of its own. The
 // service's own /healthz shares its process with thousands of episode
 // goroutines, and Go's scheduler has no priorities: under a burst a probe
@@ -39,7 +39,7 @@ type healthSnapshot struct {
 // "unresponsive" with a 503 — what a liveness probe is for.
 func newServeHealthCmd(env *cliEnv) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:    "serve-health --addr HOST:PORT",
+		Use:    "healthd --addr HOST:PORT",
 		Short:  "Answer /healthz for rollbox serve --health-addr (run by it)",
 		Hidden: true,
 		Args:   noArgs,
@@ -92,12 +92,12 @@ func newServeHealthCmd(env *cliEnv) *cobra.Command {
 
 var healthListeningRe = regexp.MustCompile(`health listening on (http://\S+)`)
 
-// startHealthResponder runs `rollbox serve-health` on addr and feeds it the
+// startHealthResponder runs `rollbox healthd` on addr and feeds it the
 // service's health every healthEvery until stop; it reports the service
 // unresponsive when no snapshot came for stale. It returns the responder's
 // URL.
 func startHealthResponder(env *cliEnv, addr string, stale time.Duration, srv *runtime.Server, log *slog.Logger) (url string, stop func(), err error) {
-	cmd, err := env.command("serve-health", "--addr", addr, "--stale", stale.String())
+	cmd, err := env.command("healthd", "--addr", addr, "--stale", stale.String())
 	if err != nil {
 		return "", nil, err
 	}
@@ -131,7 +131,7 @@ func startHealthResponder(env *cliEnv, addr string, stale time.Duration, srv *ru
 	if url == "" {
 		cmd.Process.Kill()
 		cmd.Wait()
-		return "", nil, fmt.Errorf("the health responder (%s serve-health) did not start listening on %s", cmd.Path, addr)
+		return "", nil, fmt.Errorf("the health responder (%s healthd) did not start listening on %s", cmd.Path, addr)
 	}
 	done := make(chan struct{})
 	fed := make(chan struct{})
