@@ -1,0 +1,356 @@
+package containerd_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rollbox/rollbox/images"
+	"github.com/rollbox/rollbox/sandbox"
+	"github.com/rollbox/rollbox/sandbox/docker"
+	"github.com/rollbox/rollbox/sandbox/wasm"
+)
+
+// Benchmarks put containerd beside its baselines in the same run, on the
+// same image and machine:
+//
+//	go test ./sandbox/containerd -run '^$' -bench . -benchtime 100x
+//	ROLLBOX_DENSITY=500 go test ./sandbox/containerd -run '^$' -bench Density -benchtime 1x
+//
+// and report p50/p99 per operation in milliseconds beside the mean ns/op.
+
+type latencies []time.Duration
+
+func (l latencies) report(b *testing.B) time.Duration {
+	if len(l) == 0 {
+		return 0
+	}
+	sort.Slice(l, func(i, j int) bool { return l[i] < l[j] })
+	pct := func(p float64) time.Duration { return l[min(len(l)-1, int(p*float64(len(l))))] }
+	b.ReportMetric(float64(pct(0.50).Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(pct(0.99).Microseconds())/1000, "p99-ms")
+	return pct(0.50)
+}
+
+var dockerOnce struct {
+	sync.Once
+	b   *docker.Backend
+	err error
+}
+
+// dockerBackend is the Docker backend on the same guest, for the baselines.
+func dockerBackend(b *testing.B) *docker.Backend {
+	dockerOnce.Do(func() {
+		ctx := context.Background()
+		guest, err := images.NewBuilder(os.Stderr).Build(ctx, images.Target{Package: "images/guest", GOOS: "linux", GOARCH: "amd64", Name: "guest"})
+		if err != nil {
+			dockerOnce.err = err
+			return
+		}
+		dockerOnce.b, dockerOnce.err = docker.New(ctx, docker.Options{GuestPath: guest, Owner: testOwner})
+	})
+	if dockerOnce.err != nil {
+		b.Skipf("no docker engine for the baseline: %v", dockerOnce.err)
+	}
+	return dockerOnce.b
+}
+
+func readyOnce(b *testing.B, be sandbox.Backend, spec sandbox.Spec) time.Duration {
+	ctx := context.Background()
+	start := time.Now()
+	sb, err := be.Create(ctx, spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if r, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"true"}}); err != nil || r.ExitCode != 0 {
+		b.Fatalf("first exec: %v %+v", err, r)
+	}
+	d := time.Since(start)
+	b.StopTimer()
+	sb.Close()
+	b.StartTimer()
+	return d
+}
+
+// BenchmarkReady: a cold sandbox created, started and answering its first
+// exec, on containerd and on Docker (the same guest, hardening and image),
+// beside `docker run --rm --network none rollbox/base true` through the
+// CLI. Close is not timed.
+func BenchmarkReady(b *testing.B) {
+	spec := sandbox.Spec{Image: "base"}
+	b.Run("containerd", func(b *testing.B) {
+		be := need(b)
+		lat := make(latencies, 0, b.N)
+		for b.Loop() {
+			lat = append(lat, readyOnce(b, be, spec))
+		}
+		lat.report(b)
+	})
+	b.Run("docker", func(b *testing.B) {
+		be := dockerBackend(b)
+		lat := make(latencies, 0, b.N)
+		for b.Loop() {
+			lat = append(lat, readyOnce(b, be, spec))
+		}
+		lat.report(b)
+	})
+	b.Run("docker-run-rm", func(b *testing.B) {
+		dockerBackend(b)
+		lat := make(latencies, 0, b.N)
+		for b.Loop() {
+			start := time.Now()
+			if out, err := exec.Command("docker", "run", "--rm", "--network", "none", "--label", "rollbox.owner="+testOwner, "rollbox/base:latest", "true").CombinedOutput(); err != nil {
+				b.Fatalf("docker run: %v %s", err, out)
+			}
+			lat = append(lat, time.Since(start))
+		}
+		lat.report(b)
+	})
+}
+
+// BenchmarkExecTrue: `true` through the guest in a running sandbox, on
+// containerd and on Docker.
+func BenchmarkExecTrue(b *testing.B) {
+	for _, name := range []string{"containerd", "docker"} {
+		b.Run(name, func(b *testing.B) {
+			var be sandbox.Backend
+			if name == "containerd" {
+				be = need(b)
+			} else {
+				be = dockerBackend(b)
+			}
+			ctx := context.Background()
+			sb, err := be.Create(ctx, sandbox.Spec{Image: "base"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer sb.Close()
+			lat := make(latencies, 0, b.N)
+			for b.Loop() {
+				start := time.Now()
+				if r, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"true"}}); err != nil || r.ExitCode != 0 {
+					b.Fatalf("exec: %v %+v", err, r)
+				}
+				lat = append(lat, time.Since(start))
+			}
+			lat.report(b)
+		})
+	}
+}
+
+// BenchmarkPoolHit: a ready containerd sandbox taken from a warm
+// sandbox.Pool and answering one exec; the pool refills untimed.
+func BenchmarkPoolHit(b *testing.B) {
+	be := need(b)
+	ctx := context.Background()
+	spec := sandbox.Spec{Image: "base"}
+	pool := sandbox.NewPool(be, 2)
+	defer pool.Close()
+	if err := pool.Warm(spec); err != nil {
+		b.Fatal(err)
+	}
+	waitReady := func() {
+		deadline := time.Now().Add(time.Minute)
+		for pool.Stats().Ready[spec.Key()] < 2 {
+			if time.Now().After(deadline) {
+				b.Fatalf("pool did not refill: %+v", pool.Stats())
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	lat := make(latencies, 0, b.N)
+	b.StopTimer()
+	waitReady()
+	for i := 0; i < b.N; i++ {
+		b.StartTimer()
+		start := time.Now()
+		sb, err := pool.Get(ctx, spec)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"true"}}); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(start))
+		b.StopTimer()
+		sb.Close()
+		waitReady()
+	}
+	lat.report(b)
+	if st := pool.Stats(); st.Misses > 0 {
+		b.Errorf("pool missed %d times", st.Misses)
+	}
+}
+
+// forkFiles fills a sandbox's workdir with 100 MB in 2,000 files of 50 KB
+// in 20 directories.
+const forkFiles = `head -c 51200 /dev/urandom > /tmp/seed && for d in $(seq 0 19); do mkdir -p /work/d$d;
+  for f in $(seq 0 99); do cp /tmp/seed /work/d$d/f$f; done; done; rm /tmp/seed; du -sm /work | cut -f1`
+
+// BenchmarkFork100MB: Fork(8) of a sandbox whose workdir holds 100 MB in
+// 2,000 files, on containerd (one copy into a snapshot, 8 copy-on-write
+// views), Docker (8 fresh containers, the files copied into each through
+// the guests) and WASM (8 copy-on-write clones of the filesystem). The
+// children are closed untimed.
+func BenchmarkFork100MB(b *testing.B) {
+	ctx := context.Background()
+	for _, name := range []string{"containerd", "docker", "wasm"} {
+		b.Run(name, func(b *testing.B) {
+			var be sandbox.Backend
+			switch name {
+			case "containerd":
+				be = need(b)
+			case "docker":
+				be = dockerBackend(b)
+			case "wasm":
+				w, err := wasm.New(ctx, wasm.Options{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer w.Close()
+				be = w
+			}
+			parent, err := be.Create(ctx, sandbox.Spec{Image: "base", Limits: sandbox.Limits{DiskMB: 200, MemoryMB: 1024}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer parent.Close()
+			if name == "wasm" {
+				data := make([]byte, 50<<10)
+				for i := range 2000 {
+					if err := parent.WriteFile(ctx, fmt.Sprintf("/work/d%d/f%d", i/100, i%100), data, 0o644); err != nil {
+						b.Fatal(err)
+					}
+				}
+			} else if r, err := parent.Exec(ctx, sandbox.ExecRequest{Shell: forkFiles, Timeout: 5 * time.Minute}); err != nil || r.ExitCode != 0 {
+				b.Fatalf("fill: %v %s %s", err, r.Stdout, r.Stderr)
+			}
+			lat := make(latencies, 0, b.N)
+			for b.Loop() {
+				start := time.Now()
+				kids, err := parent.(sandbox.Forker).Fork(ctx, 8)
+				if err != nil {
+					b.Fatal(err)
+				}
+				lat = append(lat, time.Since(start))
+				b.StopTimer()
+				if got, err := kids[7].ReadFile(ctx, "/work/d19/f99", 0); err != nil || len(got) != 50<<10 {
+					b.Fatalf("a child lacks the files: %d bytes, %v", len(got), err)
+				}
+				sandbox.CloseAll(kids)
+				b.StartTimer()
+			}
+			lat.report(b)
+		})
+	}
+}
+
+// BenchmarkDensity: ROLLBOX_DENSITY idle containerd sandboxes (default 50)
+// open at once; reports the host memory they take (MemAvailable before and
+// after, so shims, runc's leftovers, the guests, page tables and tmpfs all
+// count) per sandbox, and the shims' RSS per sandbox.
+func BenchmarkDensity(b *testing.B) {
+	be := need(b)
+	n := 50
+	if s := os.Getenv("ROLLBOX_DENSITY"); s != "" {
+		n, _ = strconv.Atoi(s)
+	}
+	ctx := context.Background()
+	for b.Loop() {
+		before := memAvailable(b)
+		shimsBefore := shimRSS()
+		sbs := make([]sandbox.Sandbox, n)
+		start := time.Now()
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 8)
+		var mu sync.Mutex
+		var firstErr error
+		for i := range sbs {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				sb, err := be.Create(ctx, sandbox.Spec{Image: "base"})
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				sbs[i] = sb
+			}()
+		}
+		wg.Wait()
+		made := time.Since(start)
+		if firstErr != nil {
+			sandbox.CloseAll(sbs)
+			b.Fatal(firstErr)
+		}
+		time.Sleep(2 * time.Second) // settle
+		// Every one still answers.
+		for _, sb := range sbs {
+			if r, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"true"}}); err != nil || r.ExitCode != 0 {
+				b.Fatalf("%s: %v", sb.Info().ID, err)
+			}
+		}
+		after := memAvailable(b)
+		shims := shimRSS() - shimsBefore
+		b.ReportMetric(float64(n), "sandboxes")
+		b.ReportMetric(float64(before-after)/float64(n)/(1<<20), "host-MB/sandbox")
+		b.ReportMetric(float64(shims)/float64(n)/(1<<20), "shim-RSS-MB/sandbox")
+		b.ReportMetric(made.Seconds(), "create-all-s")
+		closeStart := time.Now()
+		if err := sandbox.CloseAll(sbs); err != nil {
+			b.Error(err)
+		}
+		b.ReportMetric(time.Since(closeStart).Seconds(), "close-all-s")
+	}
+}
+
+func memAvailable(b *testing.B) int64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	b.Fatal("no MemAvailable")
+	return 0
+}
+
+// shimRSS sums the resident memory of containerd's runc shims.
+func shimRSS() int64 {
+	var sum int64
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		comm, err := os.ReadFile(d + "/comm")
+		if err != nil || !strings.HasPrefix(string(comm), "containerd-shim") {
+			continue
+		}
+		st, err := os.ReadFile(d + "/statm")
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(st))
+		if len(f) > 1 {
+			pages, _ := strconv.ParseInt(f[1], 10, 64)
+			sum += pages * int64(os.Getpagesize())
+		}
+	}
+	return sum
+}
