@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/sandbox"
@@ -71,7 +72,9 @@ func (s *Session) Fork(ctx context.Context, ids []string) ([]*Session, error) {
 		return nil, err
 	}
 	for i, id := range ids {
-		c, err := s.forkOne(parent, id, kids[i])
+		cfg := s.cfg
+		cfg.EpisodeID = id
+		c, err := s.forkOne(parent, cfg, kids[i], s.start, s.deadline)
 		if err != nil {
 			return fail(&RecordError{EpisodeID: id, Err: err})
 		}
@@ -80,12 +83,14 @@ func (s *Session) Fork(ctx context.Context, ids []string) ([]*Session, error) {
 	return out, nil
 }
 
-// forkOne is one child of Fork, under s.mu.
-func (s *Session) forkOne(parent *trajectory.Trajectory, id string, sb sandbox.Sandbox) (*Session, error) {
-	cfg := s.cfg
-	cfg.EpisodeID = id
+// forkOne is one child of Fork (or of a PrefixGroup), under s.mu: the
+// episode cfg names, in the sandbox sb, with the clock start and deadline,
+// going on from parent (the record of s so far).
+func (s *Session) forkOne(parent *trajectory.Trajectory, cfg Config, sb sandbox.Sandbox, start, deadline time.Time) (*Session, error) {
+	id := cfg.EpisodeID
 	rec := *parent
-	rec.EpisodeID = id
+	rec.EpisodeID, rec.RolloutID, rec.GroupID, rec.GroupIndex, rec.Seed = id, cfg.RolloutID, cfg.GroupID, cfg.GroupIndex, cfg.Seed
+	rec.StartedAt = start.UTC()
 	rec.Steps, rec.ContextEvents, rec.Segments = nil, nil, nil
 	rec.Termination, rec.Reward, rec.EndedAt, rec.Monitors, rec.Group, rec.Rescore = nil, nil, nil, nil, nil, nil
 	rec.Stats = trajectory.Stats{}
@@ -93,6 +98,9 @@ func (s *Session) forkOne(parent *trajectory.Trajectory, id string, sb sandbox.S
 	rec.Pinned = maps.Clone(parent.Pinned)
 	if rec.Pinned != nil {
 		rec.Pinned[PinEpisodeID] = id
+		if _, ok := rec.Pinned[PinSeed]; ok {
+			rec.Pinned[PinSeed] = fmt.Sprint(cfg.Seed)
+		}
 	}
 	info := sb.Info()
 	rec.Sandbox.ID = info.ID
@@ -129,7 +137,7 @@ func (s *Session) forkOne(parent *trajectory.Trajectory, id string, sb sandbox.S
 	tok := s.tok
 	tok.ids = slices.Clone(s.tok.ids)
 	c := &Session{
-		cfg: cfg, task: s.task, start: s.start, deadline: s.deadline, w: w, sb: sb,
+		cfg: cfg, task: s.task, start: start, deadline: deadline, w: w, sb: sb,
 		reg: s.reg, env: &env, messages: slices.Clone(s.messages), schemas: s.schemas, turn: s.turn,
 		stats: stats, lastUsage: s.lastUsage, lastUsageMsgs: s.lastUsageMsgs, finish: cloneFinish(s.finish),
 		taskFiles: s.taskFiles, seenIDs: slices.Clone(s.seenIDs), pruneSizes: slices.Clone(s.pruneSizes),

@@ -58,6 +58,10 @@ type Config struct {
 	// Pinned, if set, is pinned instead of fresh values (seed, episode id,
 	// hostname, env; see PinnedEnv): replay passes a trajectory's own.
 	Pinned map[string]string
+	// Prefix, if set, runs the task's prefix once for the episode's group
+	// and opens the episode in a fork of it (see PrefixGroup); ignored
+	// for a task without one.
+	Prefix *PrefixGroup
 	// BeforeCall, if set, is asked before each tool call runs; false stops
 	// the turn there and leaves the episode open (replay stops at a step).
 	BeforeCall func(call ToolCall) bool
@@ -80,6 +84,9 @@ const (
 	// StageAttach: the tools could not be attached to the episode (the tool
 	// set, a tool's environment such as a search index).
 	StageAttach = "attach"
+	// StagePrefix: the task's prefix could not be run or forked for the
+	// episode (Config.Prefix).
+	StagePrefix = "prefix"
 )
 
 // OpenError says why an episode could not open: which stage failed, and
@@ -98,6 +105,8 @@ func (e *OpenError) Error() string {
 		return "create sandbox: " + e.Err.Error()
 	case StageSeed:
 		return "seed files: " + e.Err.Error()
+	case StagePrefix:
+		return "run the prefix: " + e.Err.Error()
 	}
 	return "attach tools: " + e.Err.Error()
 }
@@ -190,6 +199,18 @@ func keepAttempt(cfg Config, attempt int) error {
 // open is one attempt of Open.
 func open(ctx context.Context, cfg Config) (_ *Session, err error) {
 	t := cfg.Task
+	var prefixErr error
+	if cfg.Prefix != nil && t.Prefix != nil {
+		s, err := cfg.Prefix.branch(ctx, cfg)
+		var re *RecordError
+		switch {
+		case err == nil:
+			return s, nil
+		case errors.As(err, &re):
+			return nil, err
+		}
+		prefixErr = err // recorded below, as the episode's end
+	}
 	taskJSON, _ := json.Marshal(t)
 	if t.Seed != nil && cfg.Sampling.Seed == nil {
 		cfg.Sampling.Seed = t.Seed
@@ -223,6 +244,9 @@ func open(ctx context.Context, cfg Config) (_ *Session, err error) {
 			err = s.failRecord(err)
 		}
 	}()
+	if prefixErr != nil {
+		return s, s.openFailed(ctx, StagePrefix, prefixErr)
+	}
 	reg, err := tools.Select(t.Tools, cfg.ExtraTools)
 	if err != nil { // validated at load; a tool set that changed since is the task's error
 		return s, s.openFailed(ctx, StageAttach, err)

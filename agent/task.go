@@ -52,6 +52,9 @@ type Task struct {
 	Monitors  *monitor.Config `json:"monitors,omitempty"`
 	Limits    EpisodeLimits   `json:"limits"`
 	Retriever *Retriever      `json:"retriever,omitempty"`
+	// Prefix is turns every episode starts with, run once per group and
+	// forked (see Prefix and PrefixGroup).
+	Prefix *Prefix `json:"prefix,omitempty"`
 	// Seed is passed to the policy's sampling when set, and pinned in the trajectory.
 	Seed     *int64         `json:"seed,omitempty"`
 	Metadata map[string]any `json:"metadata,omitempty"`
@@ -313,6 +316,9 @@ func (t *Task) Validate(knownTools func(string) bool) error {
 				return fmt.Errorf("tools[%d]: %s needs a retriever: {\"retriever\": {\"index\": \"DIR\"}}", i, name)
 			}
 		}
+	}
+	if _, err := t.prefixTurns(); err != nil {
+		return err
 	}
 	return nil
 }

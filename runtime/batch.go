@@ -174,8 +174,9 @@ func RunBatch(ctx context.Context, cfg BatchConfig) (*Summary, error) {
 	}
 	start := time.Now()
 	type job struct {
-		plan  *plan
-		index int
+		plan   *plan
+		index  int
+		prefix *agent.PrefixGroup
 	}
 	total := len(cfg.Tasks) * cfg.Group
 	jobs := make(chan job)
@@ -193,8 +194,8 @@ func RunBatch(ctx context.Context, cfg BatchConfig) (*Summary, error) {
 				started++
 				mu.Unlock()
 				ecfg := j.plan.config(cfg.RolloutID, j.index, dir)
-				ecfg.NewSandbox, ecfg.Policy, ecfg.PolicyInfo, ecfg.Sampling, ecfg.Observe, ecfg.Judges =
-					cfg.NewSandbox, cfg.Policy, cfg.PolicyInfo, cfg.Sampling, cfg.OnStep, cfg.Judges
+				ecfg.NewSandbox, ecfg.Policy, ecfg.PolicyInfo, ecfg.Sampling, ecfg.Observe, ecfg.Judges, ecfg.Prefix =
+					cfg.NewSandbox, cfg.Policy, cfg.PolicyInfo, cfg.Sampling, cfg.OnStep, cfg.Judges, j.prefix
 				ecfg.Retry = openRetry(cfg.InfraAttempts, filepath.Join(cfg.OutDir, "attempts"), nil, ecfg.EpisodeID, func(*agent.OpenError) {
 					mu.Lock()
 					retries++
@@ -226,12 +227,19 @@ func RunBatch(ctx context.Context, cfg BatchConfig) (*Summary, error) {
 			}
 		}()
 	}
+	// A task with a prefix runs it once per group; its episodes fork from it.
+	var prefixes []*agent.PrefixGroup
 feed:
 	for _, t := range cfg.Tasks {
 		p := newPlan(t, cfg.Backend, nil)
+		var pg *agent.PrefixGroup
+		if t.Prefix != nil {
+			pg = &agent.PrefixGroup{Name: groupID(cfg.RolloutID, t.ID), Size: cfg.Group, Dir: filepath.Join(cfg.OutDir, "prefixes")}
+			prefixes = append(prefixes, pg)
+		}
 		for g := range cfg.Group {
 			select {
-			case jobs <- job{p, g}:
+			case jobs <- job{p, g, pg}:
 			case <-ctx.Done():
 				break feed
 			}
@@ -239,6 +247,11 @@ feed:
 	}
 	close(jobs)
 	wg.Wait()
+	for _, pg := range prefixes {
+		if err := pg.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	sum := Summarize(cfg.RolloutID, results)
 	sum.StartedAt = start.UTC()
 	sum.WallTimeS = time.Since(start).Seconds()

@@ -94,6 +94,9 @@ func (s *Server) postEpisode(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if task.Prefix != nil {
+		return badField("task.prefix", "a prefix runs once per group in rollouts; in environment mode step it and fork the episode (POST /v1/episodes/{id}/fork)")
+	}
 	if inline {
 		if err := s.maxima.checkTask(task, "task"); err != nil {
 			return err

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"sort"
 	"sync"
 	"syscall"
@@ -98,6 +99,8 @@ type groupState struct {
 	id      string
 	members []*episodeState
 	ended   int
+	// prefix runs the task's prefix once for the group (nil without one).
+	prefix *agent.PrefixGroup
 }
 
 func newRollout(rec *rolloutRecord) *rollout {
@@ -146,6 +149,9 @@ func (r *rollout) endLocked(e *episodeState) (rolloutEnded bool) {
 	g.ended++
 	if g.ended == len(g.members) {
 		r.releaseLocked(g)
+		if g.prefix != nil {
+			g.prefix.Close() // forks no episode took (none, unless some never opened)
+		}
 	}
 	r.notifyLocked()
 	return len(r.finished) == len(r.episodes)
@@ -487,6 +493,10 @@ func (s *Server) parseRollout(ctx context.Context, body []byte) (*rollout, []*jo
 			r.addEpisode(e)
 			jobs = append(jobs, &job{r: r, ep: e, plan: pl})
 		}
+		if t.Prefix != nil {
+			gid := groupID(id, t.ID)
+			r.groups[gid].prefix = &agent.PrefixGroup{Name: gid, Size: req.GroupSize, Dir: filepath.Join(s.st.dir, "prefixes")}
+		}
 	}
 	return r, jobs, nil
 }
@@ -659,6 +669,7 @@ func (s *Server) runEpisode(ctx context.Context, j *job) (t *trajectory.Trajecto
 	r, e := j.r, j.ep
 	cfg := j.plan.config(r.id, e.rec.GroupIndex, s.st.episodesDir)
 	cfg.NewSandbox = s.sandboxes.create
+	cfg.Prefix = e.group.prefix
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	r.mu.Lock()

@@ -1,0 +1,263 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/sandbox"
+	"github.com/rollbox/rollbox/tools"
+)
+
+// Prefix is a task's "prefix": turns every episode of the task starts
+// with, run once per group in one sandbox that the group's episodes then
+// fork from (PrefixGroup). Either Turns (scripted: each a {"content",
+// "tool_calls": [{"name", "arguments"}]}, arguments an object or its text)
+// or the first Steps steps of the recorded Trajectory (a path relative to
+// the task file, in a task file only), which must end where a turn ends.
+type Prefix struct {
+	Turns      []PrefixTurn `json:"turns,omitempty"`
+	Trajectory string       `json:"trajectory,omitempty"`
+	Steps      int          `json:"steps,omitempty"`
+}
+
+// PrefixTurn is one scripted turn of a prefix.
+type PrefixTurn struct {
+	Content   string           `json:"content,omitempty"`
+	ToolCalls []PrefixToolCall `json:"tool_calls,omitempty"`
+}
+
+// PrefixToolCall is a call of a prefix turn.
+type PrefixToolCall struct {
+	Name      string          `json:"name"`
+	Arguments json.RawMessage `json:"arguments,omitempty"`
+}
+
+// Model is the Turn.Model of a scripted prefix turn.
+const prefixModel = "prefix"
+
+// prefixTurns resolves and checks t.Prefix into the turns an episode
+// steps; the error names the field.
+func (t *Task) prefixTurns() ([]Turn, error) {
+	p := t.Prefix
+	if p == nil {
+		return nil, nil
+	}
+	if t.Retriever != nil {
+		return nil, errors.New("prefix: a search task's context is kept outside its sandbox and cannot be forked")
+	}
+	var turns []Turn
+	switch {
+	case len(p.Turns) > 0 && p.Trajectory != "":
+		return nil, errors.New("prefix: give turns or trajectory, not both")
+	case len(p.Turns) > 0:
+		if p.Steps != 0 {
+			return nil, errors.New("prefix.steps: only with prefix.trajectory")
+		}
+		for i, pt := range p.Turns {
+			turn := Turn{Content: pt.Content, Model: prefixModel}
+			for j, c := range pt.ToolCalls {
+				field := fmt.Sprintf("prefix.turns[%d].tool_calls[%d]", i, j)
+				if c.Name == "" {
+					return nil, fmt.Errorf("%s.name: required", field)
+				}
+				args := "{}"
+				if a := bytes.TrimSpace(c.Arguments); len(a) > 0 {
+					var s string
+					if json.Unmarshal(a, &s) == nil {
+						args = s
+					} else {
+						var buf bytes.Buffer
+						if err := json.Compact(&buf, a); err != nil {
+							return nil, fmt.Errorf("%s.arguments: %v", field, err)
+						}
+						args = buf.String()
+					}
+				}
+				turn.ToolCalls = append(turn.ToolCalls, ToolCall{ID: fmt.Sprintf("prefix_%d_%d", i, j), Name: c.Name, Arguments: args})
+			}
+			turns = append(turns, turn)
+		}
+	case p.Trajectory != "":
+		if t.dir == "" {
+			return nil, errors.New("prefix.trajectory: only in a task file (a path relative to it); send the turns instead")
+		}
+		if filepath.IsAbs(p.Trajectory) || !filepath.IsLocal(p.Trajectory) {
+			return nil, fmt.Errorf("prefix.trajectory: %q is not a path inside the task file's directory", p.Trajectory)
+		}
+		tr, err := trajectory.Read(filepath.Join(t.dir, p.Trajectory))
+		if err != nil {
+			return nil, fmt.Errorf("prefix.trajectory: %v", err)
+		}
+		k := p.Steps
+		if k < 1 || k > len(tr.Steps) {
+			return nil, fmt.Errorf("prefix.steps: %d is outside 1..%d (the steps of %s)", k, len(tr.Steps), p.Trajectory)
+		}
+		if k < len(tr.Steps) && tr.Steps[k].Turn == tr.Steps[k-1].Turn {
+			return nil, fmt.Errorf("prefix.steps: %d ends inside turn %d of %s (a prefix is whole turns)", k, tr.Steps[k-1].Turn, p.Trajectory)
+		}
+		for _, s := range tr.Steps[:k] {
+			if s.Type != trajectory.StepModel {
+				continue
+			}
+			turn := Turn{Content: s.Content, Model: s.Model, FinishReason: s.FinishReason}
+			for _, c := range s.ToolCalls {
+				turn.ToolCalls = append(turn.ToolCalls, ToolCall{ID: c.ID, Name: c.Name, Arguments: c.Arguments})
+			}
+			turns = append(turns, turn)
+		}
+	default:
+		return nil, errors.New("prefix: give turns or trajectory with steps")
+	}
+	for i, turn := range turns {
+		for _, c := range turn.ToolCalls {
+			if c.Name == tools.NameFinish {
+				return nil, fmt.Errorf("prefix: turn %d calls %s (a prefix cannot end the episode)", i, tools.NameFinish)
+			}
+		}
+	}
+	if t.Limits.MaxTurns > 0 && len(turns) >= t.Limits.MaxTurns {
+		return nil, fmt.Errorf("prefix: %d turns leave none of limits.max_turns (%d)", len(turns), t.Limits.MaxTurns)
+	}
+	return turns, nil
+}
+
+// PrefixGroup runs a task's prefix once for the episodes of one group
+// and gives each of them a fork of it: the first episode to open makes the
+// prefix's own episode (named Name+".prefix", its record in Dir), steps
+// its turns, forks its sandbox Size ways (sandbox.Forker), ends it, and
+// each episode then opens in one of the forks with a record that starts
+// with the prefix's steps, marked forked_from {the prefix episode, step}.
+// An episode that opens again (a retry) or beyond Size runs the prefix
+// anew and forks once. Set it as Config.Prefix of every episode of the
+// group; Close it when the group is over (it closes forks nobody took).
+type PrefixGroup struct {
+	Name string
+	Size int
+	Dir  string
+
+	mu sync.Mutex
+	// base is the ended prefix episode the forks are of; its record is
+	// what each fork starts with; left is how long the prefix took of the
+	// episode time.
+	base   *Session
+	parent *trajectory.Trajectory
+	left   time.Duration
+	forks  []sandbox.Sandbox // not yet taken
+	runs   int
+	closed bool
+}
+
+// branch opens episode cfg in a fork of the group's prefix.
+func (g *PrefixGroup) branch(ctx context.Context, cfg Config) (*Session, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return nil, fmt.Errorf("prefix of group %s: the group is over: %w", g.Name, sandbox.ErrClosed)
+	}
+	if len(g.forks) == 0 {
+		n := max(1, g.Size)
+		if g.base != nil {
+			n = 1 // a retry or one more than Size
+		}
+		if err := g.runPrefix(ctx, cfg, n); err != nil {
+			return nil, err
+		}
+	}
+	sb := g.forks[0]
+	g.forks = g.forks[1:]
+	start := time.Now()
+	g.base.mu.Lock()
+	defer g.base.mu.Unlock()
+	s, err := g.base.forkOne(g.parent, cfg, sb, start, start.Add(g.left))
+	if err != nil {
+		sb.Close()
+		return nil, &RecordError{EpisodeID: cfg.EpisodeID, Err: err}
+	}
+	return s, nil
+}
+
+// runPrefix makes the prefix episode, steps its turns and forks it n
+// ways, under g.mu.
+func (g *PrefixGroup) runPrefix(ctx context.Context, cfg Config, n int) error {
+	turns, err := cfg.Task.prefixTurns()
+	if err != nil {
+		return err
+	}
+	g.runs++
+	pcfg := cfg
+	pcfg.Prefix, pcfg.Retry, pcfg.OnOpen = nil, Retry{}, nil
+	pcfg.EpisodeID = g.Name + ".prefix"
+	if g.runs > 1 {
+		pcfg.EpisodeID = fmt.Sprintf("%s.prefix.%d", g.Name, g.runs)
+	}
+	pcfg.Dir, pcfg.GroupIndex, pcfg.Pinned = g.Dir, -1, nil
+	s, err := open(ctx, pcfg)
+	if err != nil {
+		return fmt.Errorf("prefix %s: %w", pcfg.EpisodeID, err)
+	}
+	end := func(reason, msg string) {
+		s.Cancel(context.WithoutCancel(ctx), reason, msg)
+	}
+	for i, turn := range turns {
+		if _, ended, err := s.Step(ctx, turn); err != nil || ended {
+			end(trajectory.EndCancelled, "the prefix failed")
+			return prefixFailed(pcfg.EpisodeID, i, err, s.Trajectory())
+		}
+	}
+	s.mu.Lock()
+	parent := s.w.Trajectory()
+	left := time.Until(s.deadline)
+	f, ok := sandbox.Find[sandbox.Forker](s.sb)
+	s.mu.Unlock()
+	if !ok {
+		end(trajectory.EndCancelled, "the prefix cannot be forked")
+		return fmt.Errorf("prefix %s: the %s backend's sandboxes cannot be forked: %w", pcfg.EpisodeID, s.backend, ErrForkUnsupported)
+	}
+	fctx, cancel := context.WithDeadline(ctx, s.deadline)
+	forks, err := f.Fork(fctx, n)
+	cancel()
+	if err != nil {
+		end(trajectory.EndCancelled, "its sandbox could not be forked")
+		return fmt.Errorf("prefix %s: fork %d: %w", pcfg.EpisodeID, n, err)
+	}
+	// The prefix's episode has done its part: its sandbox goes now, its
+	// record stays (the forks' forked_from names it).
+	end(trajectory.EndCancelled, fmt.Sprintf("prefix done: %d episodes of group %s go on from its %d steps", n, g.Name, len(parent.Steps)))
+	g.base, g.parent, g.left, g.forks = s, parent, left, forks
+	return nil
+}
+
+// prefixFailed says why turn i of a prefix failed: an infrastructure
+// failure (a sandbox that broke) stays one, so the episode's open is
+// retried; the rest is the task's.
+func prefixFailed(id string, i int, err error, tr *trajectory.Trajectory) error {
+	if err != nil {
+		return fmt.Errorf("prefix %s turn %d: %w", id, i, err)
+	}
+	reason, msg := "", ""
+	if tr.Termination != nil {
+		reason, msg = tr.Termination.Reason, tr.Termination.Message
+	}
+	err = fmt.Errorf("prefix %s ended at turn %d: %s: %s", id, i, reason, msg)
+	if reason == trajectory.EndSandboxError {
+		return fmt.Errorf("%w: %w", err, sandbox.ErrSandboxFailed)
+	}
+	return err
+}
+
+// Close closes the forks no episode took. Safe to call twice.
+func (g *PrefixGroup) Close() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.closed = true
+	err := sandbox.CloseAll(g.forks)
+	g.forks = nil
+	return err
+}
