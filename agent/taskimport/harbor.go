@@ -478,6 +478,24 @@ func harborEnvironment(ctx context.Context, r *Result, t *agent.Task, dir string
 		r.errorf("environment", "needs an image built with a Docker engine: %s", why)
 		return
 	}
+	// The base images must be local: the engine would pull a missing one
+	// (the daemon's network, not the build's) where it has a network.
+	bases, unresolved := baseImages(text)
+	for _, b := range bases {
+		if _, err := opts.Images.Inspect(ctx, "docker:"+b); err != nil {
+			if errors.Is(err, sandbox.ErrImageNotFound) {
+				r.errorf("environment", "the base image %s is not in the local engine, and nothing is pulled (images here come from `docker import`, e.g. rollbox/python: `rollbox images build python`)", b)
+			} else {
+				r.errorf("environment", "the base image %s: %v", b, err)
+			}
+		}
+	}
+	for _, b := range unresolved {
+		r.warnf("environment/Dockerfile", "FROM %s: not checked before the build (an ARG names it); the engine pulls it if it is not local and has a network", b)
+	}
+	if r.failed() {
+		return
+	}
 	text += harborLayer
 	tag, err := contentTag(r.ID, text, contextDir)
 	if err != nil {
@@ -546,6 +564,37 @@ func harborEnvironment(ctx context.Context, r *Result, t *agent.Task, dir string
 	t.Workspace = &agent.Workspace{From: filepath.ToSlash(filepath.Join(relWS, r.ID+".tar")), To: workdir}
 	r.Workspace = t.Workspace.From
 	r.notef("environment", "the image's %s (%d files, %d bytes) is the task's workspace: Rollbox's workdir is a fresh tmpfs, seeded from it", workdir, files, size)
+}
+
+// baseImages lists the images a Dockerfile's FROM lines name: not its own
+// stages, not scratch; those an ARG names are unresolved.
+func baseImages(dockerfile string) (images, unresolved []string) {
+	stages := map[string]bool{}
+	for _, line := range strings.Split(dockerfile, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || !strings.EqualFold(f[0], "FROM") {
+			continue
+		}
+		f = f[1:]
+		for len(f) > 0 && strings.HasPrefix(f[0], "--") {
+			f = f[1:]
+		}
+		if len(f) == 0 {
+			continue
+		}
+		img := f[0]
+		switch {
+		case stages[strings.ToLower(img)], strings.EqualFold(img, "scratch"):
+		case strings.Contains(img, "$"):
+			unresolved = append(unresolved, img)
+		default:
+			images = append(images, img)
+		}
+		if len(f) >= 3 && strings.EqualFold(f[1], "AS") {
+			stages[strings.ToLower(f[2])] = true
+		}
+	}
+	return images, unresolved
 }
 
 // contentTag names an image by its task and the content it is built from.

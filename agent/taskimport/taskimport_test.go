@@ -86,3 +86,11 @@ func TestNetworkUseInATestScriptIsFound(t *testing.T) {
 		t.Errorf("false alarm: %v", m)
 	}
 }
+
+func TestBaseImagesOfADockerfile(t *testing.T) {
+	df := "ARG V=3\nFROM --platform=linux/amd64 rollbox/python:latest AS build\nRUN x\nfrom build AS again\nFROM scratch\nFROM python:${V}\nFROM rollbox/base\n"
+	images, unresolved := baseImages(df)
+	if fmt.Sprint(images) != "[rollbox/python:latest rollbox/base]" || fmt.Sprint(unresolved) != "[python:${V}]" {
+		t.Errorf("images %v, unresolved %v", images, unresolved)
+	}
+}

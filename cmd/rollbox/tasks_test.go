@@ -565,6 +565,7 @@ func TestHarborImportReadsNothingOutsideItsTask(t *testing.T) {
 	}
 	task("workdir-tmp", map[string]string{"environment/Dockerfile": "FROM rollbox/base:latest\nWORKDIR /tmp\n"})
 	task("workdir-harbor", map[string]string{"environment/Dockerfile": "FROM rollbox/base:latest\nWORKDIR /tmp/harbor/tests\n"})
+	task("remote-base", map[string]string{"environment/Dockerfile": "FROM example.invalid/nope:1\n"})
 	task("ok", nil)
 	out := filepath.Join(dir, "tb.jsonl")
 	rep, text := importReport(t, 1, "--format", "harbor", src, "--out", out)
@@ -573,6 +574,7 @@ func TestHarborImportReadsNothingOutsideItsTask(t *testing.T) {
 		"link-toml":        "task.toml: a symbolic link",
 		"workdir-tmp":      "WORKDIR /tmp holds /tmp/harbor",
 		"workdir-harbor":   "WORKDIR /tmp/harbor/tests is in /tmp/harbor",
+		"remote-base":      "the base image example.invalid/nope:1 is not in the local engine, and nothing is pulled",
 	}
 	for _, r := range rep.Tasks {
 		errs := problems(r, taskimport.SeverityError)
