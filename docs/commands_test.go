@@ -104,12 +104,14 @@ func TestEveryDocumentedCommandRuns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	began := time.Now()
 	bin := t.TempDir()
 	build := exec.Command("go", "build", "-o", filepath.Join(bin, "rollbox"), "./cmd/rollbox")
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
+	t.Logf("go build: %v", time.Since(began).Round(time.Millisecond))
 	work := t.TempDir()
 	if err := os.Symlink(filepath.Join(root, "examples"), filepath.Join(work, "examples")); err != nil {
 		t.Fatal(err)
@@ -210,6 +212,7 @@ func TestEveryDocumentedCommandRuns(t *testing.T) {
 				continue
 			}
 			ran++
+			began := time.Now()
 			t.Logf("%s: running %s", file, cmd)
 			switch {
 			case strings.HasPrefix(cmd, "rollbox serve "):
@@ -255,6 +258,7 @@ func TestEveryDocumentedCommandRuns(t *testing.T) {
 					continue
 				}
 			}
+			t.Logf("%s: %s took %v", file, line, time.Since(began).Round(time.Millisecond))
 			// What later commands refer to.
 			switch {
 			case strings.HasPrefix(cmd, "rollbox run ") && strings.Contains(cmd, "--out out/workspace"):
