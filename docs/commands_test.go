@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -99,19 +101,48 @@ type server struct {
 // from the code. Placeholders (<rollout>, <episode>, EPISODE.json, <episode
 // id>) take the values the commands before them produced; servers listen
 // on a port of their own instead of the documented one.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	binErr    error
+)
+
+// rollboxBinary builds cmd/rollbox once for the package's tests and
+// returns its path.
+func rollboxBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		began := time.Now()
+		if binDir, binErr = os.MkdirTemp("", "rollbox-docs-bin-"); binErr != nil {
+			return
+		}
+		build := exec.Command("go", "build", "-o", filepath.Join(binDir, "rollbox"), "./cmd/rollbox")
+		build.Dir = repoRoot
+		if out, err := build.CombinedOutput(); err != nil {
+			binErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+		fmt.Fprintf(os.Stderr, "docs tests: go build ./cmd/rollbox took %v\n", time.Since(began).Round(time.Millisecond))
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return filepath.Join(binDir, "rollbox")
+}
+
 func TestEveryDocumentedCommandRuns(t *testing.T) {
 	root, err := filepath.Abs(repoRoot)
 	if err != nil {
 		t.Fatal(err)
 	}
-	began := time.Now()
-	bin := t.TempDir()
-	build := exec.Command("go", "build", "-o", filepath.Join(bin, "rollbox"), "./cmd/rollbox")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	t.Logf("go build: %v", time.Since(began).Round(time.Millisecond))
+	bin := filepath.Dir(rollboxBinary(t))
 	work := t.TempDir()
 	if err := os.Symlink(filepath.Join(root, "examples"), filepath.Join(work, "examples")); err != nil {
 		t.Fatal(err)
