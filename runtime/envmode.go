@@ -387,6 +387,12 @@ func (s *Server) getEpisode(w http.ResponseWriter, r *http.Request) error {
 	} else if rec.State != episodeDone && s.recoveringAny.Load() {
 		return errRecovering()
 	}
+	if rec.Mode == modeImport && rec.Outcome == trajectory.OutcomePending && rec.MaturesAt != nil && !s.now().Before(*rec.MaturesAt) {
+		// Its window has closed: scored before it is read.
+		if err := s.matureDue(s.now()); err != nil {
+			return err
+		}
+	}
 	t, err := trajectory.Read(s.st.trajectoryPath(id))
 	if errors.Is(err, os.ErrNotExist) && rec.State != episodeDone {
 		// Running: its journal so far (read at line boundaries, so never

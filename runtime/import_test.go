@@ -60,7 +60,11 @@ func (s *service) importNDJSON(query string, body io.Reader) (int, *runtime.Impo
 // exportJSONL reads GET /v1/export?query as trajectories.
 func (s *service) exportJSONL(query string) []*trajectory.Trajectory {
 	s.t.Helper()
-	resp, err := http.Get(s.url + "/v1/export?" + query)
+	req, _ := http.NewRequest("GET", s.url+"/v1/export?"+query, nil)
+	if s.token != "" {
+		req.Header.Set("Authorization", "Bearer "+s.token)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -306,6 +310,11 @@ func TestProductionEpisodesAreImportedScoredFromLateOutcomesAndExportedInGroups(
 	}
 
 	clock.Add(61 * time.Minute)
+	// Read at once after the window closed (before any sweep): scored.
+	var read trajectory.Trajectory
+	if s.do("GET", "/v1/episodes/"+ids["sess-060"], nil, &read); read.Outcomes.Status != "scored" || read.Reward.Total == nil || *read.Reward.Total != 3 {
+		t.Errorf("sess-060 read after its window closed: %+v %+v", read.Outcomes.Status, read.Reward)
+	}
 	// A signal after the window closed is recorded late and changes nothing.
 	code, late := post(ids["sess-030"], map[string]any{"name": "tests_passed", "value": true, "at": at(0), "source": "ci"})
 	if code != 200 || late.Late != 1 || late.Status != "scored" || late.Reward.Total == nil || *late.Reward.Total != 1 {
@@ -559,5 +568,36 @@ func TestRedactionFindsEveryDefaultKindWhereverItIsAndHowEverItIsEscaped(t *test
 				t.Errorf("%s: stored %q", tt.content, leak)
 			}
 		}
+	}
+}
+
+func TestTenantsImportSeeAndScoreOnlyTheirOwnEpisodes(t *testing.T) {
+	tenants, err := runtime.ParseTenants(strings.NewReader("alice 0123456789abcdef0123\nbob fedcba9876543210fedc\n"), "tokens")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startService(t, "", func(o *runtime.Options) { o.Tenants = tenants })
+	alice := &service{t: t, srv: s.srv, http: s.http, url: s.url, token: "0123456789abcdef0123"}
+	bob := &service{t: t, srv: s.srv, http: s.http, url: s.url, token: "fedcba9876543210fedc"}
+	line := ndjson(chatEpisode("sess-1", "q", "v1", false))
+	if code, _, _ := s.importNDJSON("", strings.NewReader(line)); code != 401 {
+		t.Errorf("an import without a token: %d", code)
+	}
+	_, a, _ := alice.importNDJSON("", strings.NewReader(line))
+	_, b, _ := bob.importNDJSON("", strings.NewReader(line))
+	// The same caller's id from another tenant is another episode, not a
+	// duplicate: a tenant learns nothing of another's ids.
+	if a.Accepted != 1 || b.Accepted != 1 || b.Duplicates != 0 || a.Episodes[0].ID == b.Episodes[0].ID {
+		t.Fatalf("alice %+v bob %+v", a, b)
+	}
+	if got := bob.exportJSONL(""); len(got) != 1 || got[0].EpisodeID != b.Episodes[0].ID {
+		t.Errorf("bob's export: %d episodes", len(got))
+	}
+	var e apiErr
+	if code, _ := bob.do("POST", "/v1/episodes/"+a.Episodes[0].ID+"/outcomes", map[string]any{"signals": []any{map[string]any{"name": "accepted", "value": 1}}}, &e); code != 404 {
+		t.Errorf("bob scoring alice's episode: %d %+v", code, e)
+	}
+	if code, _ := bob.do("GET", "/v1/episodes/"+a.Episodes[0].ID, nil, nil); code != 404 {
+		t.Errorf("bob reading alice's episode: %d", code)
 	}
 }
