@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -482,6 +483,24 @@ func TestImportsAreBoundedAndRefuseWhatTheyCannotTake(t *testing.T) {
 			t.Errorf("%s: %d %+v", tt.query, code, ae)
 		}
 	}
+	// An import that takes longer than the write timeout to send is still
+	// answered: the answer's deadline starts when the body has been read.
+	slow := startService(t, "", func(o *runtime.Options) { o.HTTP.Write = 100 * time.Millisecond })
+	hs := httptest.NewUnstartedServer(slow.srv.Handler())
+	hs.Config = slow.srv.HTTPServer()
+	hs.Start()
+	defer hs.Close()
+	slow.url = hs.URL
+	pr2, pw2 := io.Pipe()
+	go func() {
+		pw2.Write([]byte(ndjson(chatEpisode("slow-a", "q", "v1", false))))
+		time.Sleep(250 * time.Millisecond)
+		pw2.Write([]byte(ndjson(chatEpisode("slow-b", "q", "v1", false))))
+		pw2.Close()
+	}()
+	if code, res, ae := slow.importNDJSON("", pr2); code != 200 || res.Accepted != 2 {
+		t.Errorf("a slow import: %d %+v %+v", code, res, ae)
+	}
 	if code, _ := s.raw("POST", "/v1/imports", "text/plain", "{}"); code != 415 {
 		t.Errorf("text/plain: %d", code)
 	}
@@ -599,5 +618,30 @@ func TestTenantsImportSeeAndScoreOnlyTheirOwnEpisodes(t *testing.T) {
 	}
 	if code, _ := bob.do("GET", "/v1/episodes/"+a.Episodes[0].ID, nil, nil); code != 404 {
 		t.Errorf("bob reading alice's episode: %d", code)
+	}
+}
+
+func TestARecordWrittenButNeverIndexedIsRemovedAtTheNextStart(t *testing.T) {
+	dir := t.TempDir()
+	s := startService(t, dir)
+	_, res, _ := s.importNDJSON("", strings.NewReader(ndjson(chatEpisode("kept", "q", "v1", false))))
+	kept := filepath.Join(dir, "episodes", res.Episodes[0].ID+".json")
+	if err := s.srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// What a process killed between a chunk's records and its index
+	// leaves: a record no answer ever named.
+	raw, _ := os.ReadFile(kept)
+	stray := filepath.Join(dir, "episodes", "imp-0000000000000000000000ff.json")
+	os.WriteFile(stray, raw, 0o644)
+	s2 := startService(t, dir)
+	if _, err := os.Stat(stray); !os.IsNotExist(err) {
+		t.Errorf("the unindexed record is still there: %v", err)
+	}
+	if _, err := os.Stat(kept); err != nil {
+		t.Errorf("the indexed record: %v", err)
+	}
+	if fmt.Sprint(s2.rec.UnindexedImports) != "[imp-0000000000000000000000ff]" {
+		t.Errorf("recovery: %+v", s2.rec)
 	}
 }

@@ -170,6 +170,10 @@ func (s *Server) parseImportLine(raw []byte, o *importOptions) (*importedEpisode
 	dec.UseNumber()
 	var generic any
 	if err := dec.Decode(&generic); err != nil {
+		var ae *apiError
+		if errors.As(jsonFieldError(err, ""), &ae) {
+			return nil, &lineError{Field: ae.Field, Message: ae.Message}
+		}
 		return nil, fieldErr("", "not JSON: %v", err)
 	}
 	if dec.More() {

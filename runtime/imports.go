@@ -10,6 +10,7 @@ import (
 	"os"
 	"sort"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -105,6 +106,10 @@ func (s *Server) postImport(w http.ResponseWriter, r *http.Request) error {
 	}
 	res := &ImportResult{Rejected: []lineError{}, Episodes: []ImportedRef{}, Source: o.source}
 	rc := http.NewResponseController(w)
+	// The answer's write deadline starts when the body has been read (an
+	// import of a large file takes longer than --write-timeout to read).
+	renewWrite := func() { rc.SetWriteDeadline(time.Now().Add(s.opts.HTTP.Write)) }
+	defer renewWrite() // for an error answer
 	body := &deadlineReader{r: http.MaxBytesReader(w, r.Body, 1<<62), rc: rc, d: s.opts.HTTP.Read}
 	br := bufio.NewReaderSize(body, 256<<10)
 	// Parsing and storing overlap: this goroutine parses the next chunk
@@ -200,6 +205,7 @@ func (s *Server) postImport(w http.ResponseWriter, r *http.Request) error {
 	}
 	res.Bytes = body.n
 	s.metrics.ImportedBytes.Add(float64(res.Bytes))
+	renewWrite()
 	writeHTTPJSON(w, http.StatusOK, res)
 	return nil
 }
@@ -408,6 +414,44 @@ func (s *Server) storeImported(chunk []*importedEpisode, o *importOptions, res *
 	res.Accepted += len(fresh)
 	s.metrics.Imported.Add(float64(len(fresh)))
 	return nil
+}
+
+// removeUnindexedImports removes the records of imported episodes that
+// are not in the index: a process stopped between writing a chunk's
+// records and indexing them (nothing of the chunk was acknowledged). It
+// holds importMu, so no chunk is between the two meanwhile.
+func (s *Server) removeUnindexedImports() ([]string, error) {
+	s.importMu.Lock()
+	defer s.importMu.Unlock()
+	entries, err := os.ReadDir(s.st.episodesDir)
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, e := range entries {
+		if id, ok := strings.CutSuffix(e.Name(), ".json"); ok && strings.HasPrefix(id, "imp-") {
+			ids = append(ids, id)
+		}
+	}
+	var stray []string
+	err = s.st.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketEpisodes)
+		for _, id := range ids {
+			if b.Get([]byte(id)) == nil {
+				stray = append(stray, id)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range stray {
+		if err := os.Remove(s.st.trajectoryPath(id)); err != nil && !os.IsNotExist(err) {
+			return stray, err
+		}
+	}
+	return stray, nil
 }
 
 func (res *ImportResult) episode(ref ImportedRef) {

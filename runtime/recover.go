@@ -25,6 +25,10 @@ type Recovery struct {
 	// DroppedJournals are journals with nothing in them (the disk filled as
 	// their episode began), removed.
 	DroppedJournals []string
+	// UnindexedImports are records of imported episodes written by a
+	// process that stopped before it indexed them (never acknowledged),
+	// removed: a resend of their lines stores them again.
+	UnindexedImports []string
 	// Took is how long the recovery took (the service listened meanwhile).
 	Took time.Duration
 }
@@ -88,6 +92,9 @@ func (s *Server) recover(unfinished []*rolloutRecord) (*Recovery, error) {
 		s.log.Error("some journals could not be recovered", "err", err)
 	}
 	rec.DroppedJournals = dropped
+	if rec.UnindexedImports, err = s.removeUnindexedImports(); err != nil {
+		s.log.Error("removing the records of imports a previous process did not index", "err", err)
+	}
 
 	now := time.Now().UTC()
 	var changed []*episodeRecord
@@ -192,9 +199,9 @@ func (s *Server) recover(unfinished []*rolloutRecord) (*Recovery, error) {
 	}
 	s.metrics.Recovered.Add(float64(len(rec.Interrupted)))
 	rec.Took = time.Since(start)
-	if len(changed) > 0 || len(dropped) > 0 {
+	if len(changed) > 0 || len(dropped) > 0 || len(rec.UnindexedImports) > 0 {
 		s.log.Warn("recovered from a previous process", "episodes_interrupted", len(rec.Interrupted), "record_errors", len(rec.RecordErrors),
-			"rollouts", len(rec.Rollouts), "empty_journals_removed", len(dropped), "took", rec.Took)
+			"rollouts", len(rec.Rollouts), "empty_journals_removed", len(dropped), "unindexed_imports_removed", len(rec.UnindexedImports), "took", rec.Took)
 	}
 	return rec, nil
 }

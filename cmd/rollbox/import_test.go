@@ -60,7 +60,7 @@ func waitListening(t *testing.T, out *bytes.Buffer) string {
 func TestAServiceKilledMidImportLosesNothingAcknowledgedAndStoresNothingTwice(t *testing.T) {
 	dir := t.TempDir()
 	data := filepath.Join(dir, "data")
-	const total, acked, batch = 1400, 500, 100
+	const total, acked, batch, chunk = 2000, 500, 100, 1024 // chunk: runtime's importChunkEpisodes
 	var all strings.Builder
 	for i := 0; i < total; i++ {
 		all.WriteString(prodLine(i))
@@ -90,11 +90,11 @@ func TestAServiceKilledMidImportLosesNothingAcknowledgedAndStoresNothingTwice(t 
 	pr, pw := io.Pipe()
 	answered := make(chan bool, 1)
 	go func() { _, ok := postLines(url, pr); answered <- ok }()
-	for i := acked; i < acked+300; i++ {
+	for i := acked; i < acked+chunk+100; i++ {
 		pw.Write([]byte(prodLine(i)))
 	}
 	deadline := time.Now().Add(30 * time.Second)
-	stored := fmt.Sprintf("rollbox_imported_episodes_total %d", acked+256)
+	stored := fmt.Sprintf("rollbox_imported_episodes_total %d", acked+chunk)
 	for {
 		resp, err := http.Get(url + "/metrics")
 		if err != nil {
@@ -119,9 +119,13 @@ func TestAServiceKilledMidImportLosesNothingAcknowledgedAndStoresNothingTwice(t 
 		t.Fatal("the killed import was answered")
 	}
 
-	// Restarted on the same data: what was acknowledged is there.
+	// Restarted on the same data: what was acknowledged is there, and no
+	// record is on disk that the index does not know.
 	_, out2 := startRollbox(t, "serve", "--addr", "127.0.0.1:0", "--data", data)
 	url = waitListening(t, out2)
+	if files, _ := filepath.Glob(filepath.Join(data, "episodes", "imp-*.json")); len(files) != acked+chunk {
+		t.Errorf("%d records on disk after the restart, want the %d indexed", len(files), acked+chunk)
+	}
 	for ext, id := range ackedIDs {
 		resp, err := http.Get(url + "/v1/episodes/" + id)
 		if err != nil {
@@ -141,7 +145,7 @@ func TestAServiceKilledMidImportLosesNothingAcknowledgedAndStoresNothingTwice(t 
 	if i := strings.Index(stdout, "{"); i >= 0 {
 		json.NewDecoder(strings.NewReader(stdout[i:])).Decode(&res)
 	}
-	if code != 0 || res.Accepted+res.Duplicates != total || res.Duplicates < acked+256 || res.RejectedCount != 0 {
+	if code != 0 || res.Accepted+res.Duplicates != total || res.Duplicates != acked+chunk || res.RejectedCount != 0 {
 		t.Fatalf("rollbox import after the restart: exit %d, %d accepted, %d duplicates\n%s", code, res.Accepted, res.Duplicates, stdout)
 	}
 	if !strings.Contains(stdout, fmt.Sprintf("%d stored, %d duplicates, 0 refused", res.Accepted, res.Duplicates)) {
@@ -184,7 +188,7 @@ func TestRollboxImportSaysWhichLinesItRefused(t *testing.T) {
 	if code != exitBadInput {
 		t.Fatalf("exit %d, want 2\n%s", code, out)
 	}
-	for _, want := range []string{"2 stored, 0 duplicates, 2 refused", "line 2: messages: is required", "line 4: (line): not JSON"} {
+	for _, want := range []string{"2 stored, 0 duplicates, 2 refused", "line 2: messages: is required", "line 4: (line): malformed JSON"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
