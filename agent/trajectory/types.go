@@ -85,10 +85,17 @@ type Trajectory struct {
 	// ForkedFrom is set on an episode forked from another one (POST
 	// /v1/episodes/{id}/fork): its first Step steps are the parent's.
 	ForkedFrom *ForkedFrom `json:"forked_from,omitempty"`
-	StartedAt  time.Time   `json:"started_at"`
-	EndedAt    *time.Time  `json:"ended_at,omitempty"`
-	Sandbox    Sandbox     `json:"sandbox"`
-	Policy     Policy      `json:"policy"`
+	// Parent is set on a sub-episode: the orchestrator episode that
+	// spawned it, and where. A sub-episode's turns are the frozen
+	// sub-agent policy's: never trained on (loss mask 0), never rewarded.
+	Parent *Parent `json:"parent,omitempty"`
+	// Subagents lists the sub-episodes an orchestrator episode spawned,
+	// in the order of its spawn_subagents calls (absent elsewhere).
+	Subagents []Subagent `json:"subagents,omitempty"`
+	StartedAt time.Time  `json:"started_at"`
+	EndedAt   *time.Time `json:"ended_at,omitempty"`
+	Sandbox   Sandbox    `json:"sandbox"`
+	Policy    Policy     `json:"policy"`
 	// Pinned is the nondeterminism the runtime controls, as it was set.
 	Pinned        map[string]string `json:"pinned,omitempty"`
 	Steps         []Step            `json:"steps"`
@@ -754,6 +761,15 @@ type Stats struct {
 	// Truncated counts the tool steps whose output the model did not see
 	// whole (absent when none).
 	Truncated *Truncations `json:"truncated,omitempty"`
+	// Orchestrator episodes only (nil elsewhere): CriticalSteps is the
+	// episode's latency in steps (model turns) computed from its tree:
+	// per stage, the orchestrator's turns plus the most turns any of the
+	// stage's sub-agents took, summed over stages (CriticalSteps);
+	// TotalSteps is every turn of the tree; Subagents the sub-agents
+	// spawned.
+	CriticalSteps *int `json:"critical_steps,omitempty"`
+	TotalSteps    *int `json:"total_steps,omitempty"`
+	Subagents     *int `json:"subagents,omitempty"`
 }
 
 // Truncations counts tool steps whose output the model did not see whole
@@ -793,6 +809,59 @@ func (c *Truncations) Add(o *Truncations) {
 // (BytesDropped > 0).
 func (s Step) OutputCut() bool {
 	return s.Type == StepTool && (s.Truncated || s.BytesDropped > 0)
+}
+
+
+// Parent names the orchestrator episode that spawned a sub-episode.
+type Parent struct {
+	EpisodeID string `json:"episode_id"`
+	// Step is the index of the orchestrator's spawn_subagents tool step
+	// whose output holds this sub-agent's answer.
+	Step int `json:"step"`
+	// Stage is the 0-based index of that spawn_subagents call in the
+	// orchestrator's episode; Index the sub-agent's place in the call.
+	Stage int `json:"stage"`
+	Index int `json:"index"`
+}
+
+// Subagent is one sub-episode as its orchestrator's record holds it: where
+// it was spawned, how it ended, and its answer exactly as the orchestrator
+// saw it.
+type Subagent struct {
+	EpisodeID string `json:"episode_id"`
+	// Step is the orchestrator's spawn_subagents tool step; Stage the
+	// 0-based index of the call; Index the place in it.
+	Step  int `json:"step"`
+	Stage int `json:"stage"`
+	Index int `json:"index"`
+	// File is the sub-episode's record, relative to the directory of the
+	// orchestrator's ("subagents/<episode_id>.json"); empty when it
+	// was not run (replay fed the recorded answer).
+	File   string   `json:"file,omitempty"`
+	Prompt string   `json:"prompt"`
+	Tools  []string `json:"tools"`
+	// End is the sub-episode's termination reason (finished, max_turns,
+	// sandbox_error, policy_error, episode_timeout, ...), Message why.
+	End     string `json:"end"`
+	Message string `json:"message,omitempty"`
+	// Answer is what the orchestrator was shown of the sub-agent's final
+	// answer: at most the orchestrator's max_answer_bytes, head and tail
+	// kept; AnswerBytes is the full answer's size and Truncated says the
+	// cut happened.
+	Answer      string `json:"answer"`
+	AnswerBytes int    `json:"answer_bytes"`
+	Truncated   bool   `json:"truncated"`
+	// Steps is the sub-episode's model turns; ToolCalls its tool calls.
+	Steps     int `json:"steps"`
+	ToolCalls int `json:"tool_calls"`
+	// Finished: it ended finished with a non-empty answer (r_finish).
+	// Useful: finished, and it did work (a tool call besides finish)
+	// (r_parallel). Critical: it is its stage's longest (the first such),
+	// on the episode's critical path.
+	Finished   bool    `json:"finished"`
+	Useful     bool    `json:"useful"`
+	Critical   bool    `json:"critical"`
+	DurationMS float64 `json:"duration_ms"`
 }
 
 // GroupStats are GRPO statistics of the episode's group.

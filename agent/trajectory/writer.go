@@ -27,6 +27,8 @@ const (
 	lineStep    = "step"
 	lineEvent   = "event"
 	lineEnd     = "end"
+	// lineSubagent: an orchestrator's sub-episode, as it ended.
+	lineSubagent = "subagent"
 )
 
 type journalLine struct {
@@ -157,6 +159,17 @@ func (w *Writer) SetMonitors(m *Monitors) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.t.Monitors = m
+}
+
+// Subagent records one of an orchestrator's sub-episodes as it ends.
+func (w *Writer) Subagent(s Subagent) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ended {
+		return errors.New("trajectory: subagent after end")
+	}
+	w.t.Subagents = append(w.t.Subagents, s)
+	return w.append(lineSubagent, s)
 }
 
 // Step appends a step, numbering it.
@@ -476,6 +489,12 @@ func apply(t **Trajectory, jl journalLine) error {
 			return err
 		}
 		(*t).ContextEvents = append((*t).ContextEvents, e)
+	case lineSubagent:
+		var s Subagent
+		if err := json.Unmarshal(jl.V, &s); err != nil {
+			return err
+		}
+		(*t).Subagents = append((*t).Subagents, s)
 	case lineEnd:
 		var e endRecord
 		if err := json.Unmarshal(jl.V, &e); err != nil {
