@@ -24,6 +24,9 @@ func specsOf(s Spec) []Spec {
 	if s.Type == "tests" {
 		return []Spec{s}
 	}
+	if s.Perf != nil {
+		return specsOf(*s.Perf)
+	}
 	var out []Spec
 	for _, p := range s.Parts {
 		out = append(out, specsOf(p.Reward)...)

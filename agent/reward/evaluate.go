@@ -61,6 +61,13 @@ type Input struct {
 	// judge part is shown the recorded workspace diff.
 	Recorded *Recorded
 
+	// Orchestrator episodes (a parl reward): the sub-agents as the
+	// orchestrator's record holds them, its critical steps, and the
+	// trainer's step the rollout was asked at (annealing).
+	Subagents     []trajectory.Subagent
+	CriticalSteps int
+	TrainStep     int64
+
 	// ws is the agent's workspace, read once for every tests reward of a
 	// composite.
 	ws *workspace
@@ -86,6 +93,8 @@ func Evaluate(ctx context.Context, s Spec, in Input) (*trajectory.Reward, error)
 	switch s.Type {
 	case "composite":
 		return composite(ctx, s, in)
+	case "parl":
+		return parl(ctx, s, in)
 	case "tests":
 		if in.Recorded != nil {
 			return recordedTests(s, in.Recorded), nil

@@ -13,7 +13,7 @@ import (
 )
 
 // Types of reward.
-var Types = []string{"tests", "exact", "regex", "fbeta", "judge", "composite"}
+var Types = []string{"tests", "exact", "regex", "fbeta", "judge", "composite", "parl"}
 
 // Spec is a task's "reward" object.
 type Spec struct {
@@ -90,6 +90,18 @@ type Spec struct {
 
 	// composite
 	Parts []Part `json:"parts,omitempty"`
+
+	// parl (orchestrator tasks): Perf is the outcome reward (any type
+	// but parl); LambdaParallel and LambdaFinish weigh r_parallel and
+	// r_finish at train step 0, annealed to 0 by Anneal (constant without
+	// it); ParallelCap is where r_parallel saturates (default 4); Latency
+	// is an optional term on critical steps. See parl.go.
+	Perf           *Spec    `json:"perf,omitempty"`
+	LambdaParallel float64  `json:"lambda_parallel,omitempty"`
+	LambdaFinish   float64  `json:"lambda_finish,omitempty"`
+	Anneal         *Anneal  `json:"anneal,omitempty"`
+	ParallelCap    int      `json:"parallel_cap,omitempty"`
+	Latency        *Latency `json:"latency,omitempty"`
 }
 
 // Part is one weighted part of a composite reward.
@@ -219,10 +231,15 @@ func (s *Spec) Validate(field string) error {
 			if p.Reward.Type == "composite" {
 				return fmt.Errorf("%s.reward.type: composites do not nest", f)
 			}
+			if p.Reward.Type == "parl" {
+				return fmt.Errorf("%s.reward.type: parl is a whole reward (its perf may be a composite), not a part", f)
+			}
 			if err := p.Reward.Validate(f + ".reward"); err != nil {
 				return err
 			}
 		}
+	case "parl":
+		return s.validateParl(field)
 	case "":
 		return fmt.Errorf("%s.type: required (one of %s)", field, strings.Join(Types, ", "))
 	default:
@@ -327,6 +344,8 @@ func (s *Spec) CheckPaths(field, workdir string, taskFile func(string) bool) err
 				return fmt.Errorf("%s.report.path: %q is one of the task's files", field, s.Report.Path)
 			}
 		}
+	case "parl":
+		return s.Perf.CheckPaths(field+".perf", workdir, taskFile)
 	case "composite":
 		for i := range s.Parts {
 			if err := s.Parts[i].Reward.CheckPaths(fmt.Sprintf("%s.parts[%d].reward", field, i), workdir, taskFile); err != nil {
@@ -356,6 +375,9 @@ func (s *Spec) JudgeSpecs() []judge.Spec {
 	if s.Type == "judge" {
 		return []judge.Spec{s.JudgeSpec()}
 	}
+	if s.Perf != nil {
+		return s.Perf.JudgeSpecs()
+	}
 	var out []judge.Spec
 	for i := range s.Parts {
 		out = append(out, s.Parts[i].Reward.JudgeSpecs()...)
@@ -367,6 +389,9 @@ func (s *Spec) JudgeSpecs() []judge.Spec {
 func (s *Spec) TestCommand() string {
 	if s.Type == "tests" {
 		return s.Command
+	}
+	if s.Perf != nil {
+		return s.Perf.TestCommand()
 	}
 	for _, p := range s.Parts {
 		if p.Reward.Type == "tests" {
