@@ -16,7 +16,10 @@
 // "arguments" is a JSON object (sent as its compact text) or a string
 // (sent verbatim, so a script can feed a tool invalid JSON); a call
 // without "id" gets "call_<turn>_<i>". Request.TaskID picks the script and
-// Request.Turn the turn.
+// Request.Turn the turn. A line may give "prompt" instead of "task_id": it
+// scripts the episodes whose prompt (first user message, spaces at the ends
+// aside) is that text when no script has their task id, which is how a
+// frozen sub-agent policy is scripted per sub-task.
 //
 // Load reads and checks the whole file before returning, so a bad script
 // is refused before anything runs, with the line and field named.

@@ -123,7 +123,10 @@ func (p *Policy) Next(ctx context.Context, req agent.Request) (agent.Turn, error
 	}
 	script, ok := p.scripts[req.TaskID]
 	if !ok {
-		return agent.Turn{}, fmt.Errorf("%w: no script for task %q", agent.ErrPolicy, req.TaskID)
+		script, ok = p.scripts[promptKey(firstUser(req.Messages))]
+	}
+	if !ok {
+		return agent.Turn{}, fmt.Errorf("%w: no script for task %q or its prompt", agent.ErrPolicy, req.TaskID)
 	}
 	if req.Turn < 0 || req.Turn >= len(script) {
 		return agent.Turn{Model: Model}, fmt.Errorf("%w: script for task %q has %d turns; turn %d was asked for", agent.ErrPolicy, req.TaskID, len(script), req.Turn)
@@ -151,13 +154,24 @@ func (p *Policy) Next(ctx context.Context, req agent.Request) (agent.Turn, error
 // parseLine checks one non-blank line and returns its task id and turns.
 // Errors name the field as a path (turns[1].tool_calls[0].name).
 func parseLine(line []byte) (string, []turn, error) {
-	fields, err := object(line, "", "task_id", "turns")
+	fields, err := object(line, "", "task_id", "prompt", "turns")
 	if err != nil {
 		return "", nil, err
 	}
-	id, err := str(fields["task_id"], "task_id", true)
-	if err != nil {
-		return "", nil, err
+	var id string
+	switch {
+	case present(fields, "task_id") && present(fields, "prompt"):
+		return "", nil, errors.New("task_id and prompt: give one (a script is picked by the task's id or by its prompt)")
+	case present(fields, "prompt"):
+		prompt, err := str(fields["prompt"], "prompt", true)
+		if err != nil {
+			return "", nil, err
+		}
+		id = promptKey(prompt)
+	default:
+		if id, err = str(fields["task_id"], "task_id", true); err != nil {
+			return "", nil, err
+		}
 	}
 	rawTurns, err := array(fields["turns"], "turns", true)
 	if err != nil {
@@ -349,4 +363,18 @@ func describe(raw json.RawMessage, err error) string {
 		return "null"
 	}
 	return "a number"
+}
+
+// promptKey keys a script picked by its prompt (a sub-agent's sub-task,
+// whose task id is its orchestrator task's): apart from every task id.
+func promptKey(prompt string) string { return "\x00prompt:" + strings.TrimSpace(prompt) }
+
+// firstUser is the first user message's content: the task's prompt.
+func firstUser(msgs []agent.Message) string {
+	for _, m := range msgs {
+		if m.Role == agent.RoleUser {
+			return m.Content
+		}
+	}
+	return ""
 }

@@ -48,7 +48,7 @@ func TestLoadRefusesBadFiles(t *testing.T) {
 		{name: "a duplicate task id names both lines", text: good + good, want: `line 2: task_id "a" is already scripted on line 1`},
 		{name: "missing turns are refused", text: `{"task_id": "a"}`, want: "line 1: turns: missing"},
 		{name: "empty turns are refused", text: `{"task_id": "a", "turns": []}`, want: "line 1: turns: empty"},
-		{name: "an unknown top-level field is refused", text: `{"task_id": "a", "turns": [{}], "turn": 1}`, want: "line 1: turn: unknown field (known: task_id, turns)"},
+		{name: "an unknown top-level field is refused", text: `{"task_id": "a", "turns": [{}], "turn": 1}`, want: "line 1: turn: unknown field (known: task_id, prompt, turns)"},
 		{name: "an unknown turn field is refused", text: `{"task_id": "a", "turns": [{}, {"tool_call": []}]}`, want: "line 1: turns[1].tool_call: unknown field"},
 		{name: "content that is not a string is refused", text: `{"task_id": "a", "turns": [{"content": 1}]}`, want: "turns[0].content: must be a string, not a number"},
 		{name: "a call without a name is refused", text: `{"task_id": "a", "turns": [{"tool_calls": [{"arguments": {}}]}]}`, want: "turns[0].tool_calls[0].name: missing"},
@@ -226,4 +226,30 @@ func FuzzRead(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A frozen sub-agent is scripted by its sub-task's prompt: its task id is
+// its orchestrator task's, shared by every sub-agent.
+func TestAScriptMayBePickedByThePrompt(t *testing.T) {
+	p, err := Read(strings.NewReader(`{"prompt": "find A", "turns": [{"tool_calls": [{"name": "finish", "arguments": {"answer": "a"}}]}]}
+{"prompt": "find B", "turns": [{"tool_calls": [{"name": "finish", "arguments": {"answer": "b"}}]}]}
+{"task_id": "orch.sub", "turns": [{"content": "by id"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ask := func(id, prompt string) (agent.Turn, error) {
+		return p.Next(context.Background(), agent.Request{TaskID: id, Messages: []agent.Message{{Role: agent.RoleSystem, Content: "s"}, {Role: agent.RoleUser, Content: prompt}}})
+	}
+	if turn, err := ask("x.sub", "  find B\n"); err != nil || turn.ToolCalls[0].Arguments != `{"answer":"b"}` {
+		t.Errorf("by prompt: %+v %v", turn, err)
+	}
+	if turn, err := ask("orch.sub", "find A"); err != nil || turn.Content != "by id" {
+		t.Errorf("a task id's script comes first: %+v %v", turn, err)
+	}
+	if _, err := ask("x.sub", "find C"); !errors.Is(err, agent.ErrPolicy) || !strings.Contains(err.Error(), "or its prompt") {
+		t.Errorf("no script: %v", err)
+	}
+	if _, err := Read(strings.NewReader(`{"task_id": "a", "prompt": "b", "turns": []}`)); err == nil || !strings.Contains(err.Error(), "give one") {
+		t.Errorf("task_id and prompt: %v", err)
+	}
 }
