@@ -122,6 +122,7 @@ func (s *Session) end(ctx context.Context, reason, message string) error {
 		return nil
 	}
 	s.ended = true
+	s.orchestratorStats()
 	term := &trajectory.Termination{Reason: reason, Message: message, Step: len(s.w.Trajectory().Steps) - 1}
 	if s.finish != nil {
 		term.Answer, term.IDs = s.finish.Answer, s.finish.IDs
@@ -132,6 +133,9 @@ func (s *Session) end(ctx context.Context, reason, message string) error {
 		// The agent broke its own sandbox: a failure, scored 0 without a
 		// verifier (nothing it left can be trusted), never dropped.
 		rw = abuseReward("the episode's own commands broke its sandbox: " + message)
+	case s.cfg.Parent != nil:
+		// A sub-episode is frozen: its outcome is its orchestrator's
+		// observation, never scored.
 	case trajectory.Scored(reason) && s.sb != nil:
 		term, rw = s.verify(context.WithoutCancel(ctx), term)
 	}
@@ -170,7 +174,11 @@ func (s *Session) verify(ctx context.Context, term *trajectory.Termination) (*tr
 		SeenIDs: s.seenIDs, PruneSizes: s.pruneSizes, VerifierOutputCap: s.task.Limits.MaxStoredOutputBytes,
 		NewSandbox: s.newVerifierSandbox, CloseSandbox: s.closeSandbox,
 		Backend: s.sb.Info().Backend, Env: s.spec.Env,
-		Prompt: s.task.Prompt, End: term.Reason, Steps: s.w.Trajectory().Steps, Judges: s.cfg.Judges}
+		Prompt: s.task.Prompt, End: term.Reason, Steps: s.w.Trajectory().Steps, Judges: s.cfg.Judges,
+		Subagents: s.w.Trajectory().Subagents, TrainStep: s.cfg.TrainStep}
+	if s.stats.CriticalSteps != nil {
+		in.CriticalSteps = *s.stats.CriticalSteps
+	}
 	if s.finish != nil {
 		in.Answer, in.IDs = s.finish.Answer, s.finish.IDs
 	}
@@ -235,6 +243,7 @@ func (s *Session) closeSandbox() {
 // writeEnd writes the final record. One that cannot be written ends the
 // episode record_error (unscored) in memory, and returns a *RecordError.
 func (s *Session) writeEnd(term *trajectory.Termination, rw *trajectory.Reward) error {
+	s.orchestratorStats()
 	s.stats.DurationMS = ms(time.Since(s.start))
 	err := s.w.End(term, rw, s.stats)
 	tr := s.w.Trajectory()

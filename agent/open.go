@@ -65,6 +65,15 @@ type Config struct {
 	// BeforeCall, if set, is asked before each tool call runs; false stops
 	// the turn there and leaves the episode open (replay stops at a step).
 	BeforeCall func(call ToolCall) bool
+	// Subagents runs the sub-agents of an orchestrator task (a task with
+	// "orchestrator"); such a task does not open without it.
+	Subagents *Subagents
+	// Parent is set on a sub-episode (by its orchestrator): it is recorded
+	// and the episode is not rewarded.
+	Parent *trajectory.Parent
+	// TrainStep is the trainer's step the rollout was asked at: a parl
+	// reward anneals its auxiliary weights by it.
+	TrainStep int64
 }
 
 // backend is the episode's sandbox backend: the task's, else the config's.
@@ -228,7 +237,7 @@ func open(ctx context.Context, cfg Config) (_ *Session, err error) {
 	s.stats.ToolErrors = map[string]int{}
 	rec := &trajectory.Trajectory{
 		EpisodeID: cfg.EpisodeID, RolloutID: cfg.RolloutID, GroupID: cfg.GroupID, GroupIndex: cfg.GroupIndex,
-		TaskID: t.ID, TaskHash: t.Hash(), Seed: cfg.Seed, Task: taskJSON, TaskDir: t.Dir(), ReplayOf: cfg.ReplayOf, StartedAt: s.start.UTC(),
+		TaskID: t.ID, TaskHash: t.Hash(), Seed: cfg.Seed, Task: taskJSON, TaskDir: t.Dir(), ReplayOf: cfg.ReplayOf, Parent: cfg.Parent, StartedAt: s.start.UTC(),
 		Sandbox: trajectory.Sandbox{Backend: cfg.backend()},
 		Policy:  pi,
 		Pinned:  pinned,
@@ -247,7 +256,18 @@ func open(ctx context.Context, cfg Config) (_ *Session, err error) {
 	if prefixErr != nil {
 		return s, s.openFailed(ctx, StagePrefix, prefixErr)
 	}
-	reg, err := tools.Select(t.Tools, cfg.ExtraTools)
+	extra := cfg.ExtraTools
+	if t.Orchestrator != nil {
+		if err := s.openOrchestration(); err != nil {
+			return s, s.openFailed(ctx, StageAttach, err)
+		}
+		extra = maps.Clone(extra)
+		if extra == nil {
+			extra = map[string]tools.Tool{}
+		}
+		extra[NameSpawnSubagents] = spawnTool{s}
+	}
+	reg, err := tools.Select(t.Tools, extra)
 	if err != nil { // validated at load; a tool set that changed since is the task's error
 		return s, s.openFailed(ctx, StageAttach, err)
 	}
@@ -297,6 +317,10 @@ func open(ctx context.Context, cfg Config) (_ *Session, err error) {
 		TestTimeout: time.Duration(t.Reward.TimeoutS * float64(time.Second)),
 		PythonArgv:  python,
 		Extra:       map[string]any{},
+	}
+	if s.orch != nil {
+		// Its sub-agents' state is outside the sandbox: it is not forked.
+		s.env.Extra[NameSpawnSubagents] = true
 	}
 	if cfg.ToolEnv != nil {
 		if err := cfg.ToolEnv(s.env); err != nil {

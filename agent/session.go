@@ -49,6 +49,8 @@ type Session struct {
 	ended   bool
 	tr      *trajectory.Trajectory
 	tok     tokenState
+	// orch is an orchestrator episode's sub-agent state (nil otherwise).
+	orch *orchestration
 }
 
 // tokenState is a token-mode episode's place in its token sequence.

@@ -55,6 +55,10 @@ type Task struct {
 	// Prefix is turns every episode starts with, run once per group and
 	// forked (see Prefix and PrefixGroup).
 	Prefix *Prefix `json:"prefix,omitempty"`
+	// Orchestrator makes the task's episodes orchestrator episodes: the
+	// policy gets spawn_subagents and frozen sub-agents run the sub-tasks
+	// it gives (see Orchestrator).
+	Orchestrator *Orchestrator `json:"orchestrator,omitempty"`
 	// Seed is passed to the policy's sampling when set, and pinned in the trajectory.
 	Seed     *int64         `json:"seed,omitempty"`
 	Metadata map[string]any `json:"metadata,omitempty"`
@@ -194,6 +198,14 @@ func (t *Task) WithDefaults() {
 	if len(t.Tools) == 0 {
 		t.Tools = tools.DefaultNames(t.Reward.TestCommand() != "")
 	}
+	if t.Orchestrator != nil && !slices.Contains(t.Tools, NameSpawnSubagents) {
+		// The orchestrator's own tool, offered before finish.
+		i := slices.Index(t.Tools, tools.NameFinish)
+		if i < 0 {
+			i = len(t.Tools)
+		}
+		t.Tools = slices.Insert(slices.Clone(t.Tools), i, NameSpawnSubagents)
+	}
 }
 
 // SandboxSpec is the sandbox the task asks for.
@@ -270,7 +282,11 @@ func (t *Task) Validate(knownTools func(string) bool) error {
 	}
 	seen := map[string]bool{}
 	for i, name := range t.Tools {
-		if knownTools != nil && !knownTools(name) {
+		if name == NameSpawnSubagents {
+			if t.Orchestrator == nil {
+				return fmt.Errorf("tools[%d]: %s needs an orchestrator: {\"orchestrator\": {\"subagent_policy\": ...}}", i, name)
+			}
+		} else if knownTools != nil && !knownTools(name) {
 			return fmt.Errorf("tools[%d]: unknown tool %q", i, name)
 		}
 		if seen[name] {
@@ -309,6 +325,17 @@ func (t *Task) Validate(knownTools func(string) bool) error {
 	}
 	if t.Retriever != nil && (t.Retriever.ContextTokens < 0 || t.Retriever.ContextTokens > int64(r.MaxContextTokens)) {
 		return fmt.Errorf("retriever.context_tokens: %d is outside 0..%d", t.Retriever.ContextTokens, r.MaxContextTokens)
+	}
+	if t.Reward.Type == "parl" && t.Orchestrator == nil {
+		return errors.New("reward.type parl: needs an orchestrator task (\"orchestrator\": {...}): it rewards the sub-agents an orchestrator spawns")
+	}
+	if t.Orchestrator != nil && t.Prefix != nil {
+		return errors.New("orchestrator: a task with a prefix cannot be an orchestrator task (yet): the prefix's forks would share its sub-agents")
+	}
+	if t.Orchestrator != nil {
+		if err := t.Orchestrator.validate(knownTools, t.Retriever != nil); err != nil {
+			return err
+		}
 	}
 	if t.Retriever == nil {
 		for i, name := range t.Tools {
@@ -568,6 +595,11 @@ func checkJudges(s *reward.Spec, field string, p trajectory.Policy) error {
 			return fmt.Errorf("%s.judges[%d]: %s model %q is the policy's own endpoint and model: a judge must be a distinct endpoint or model", field, i, j.BaseURL, j.Model)
 		}
 	}
+	if s.Perf != nil {
+		if err := checkJudges(s.Perf, field+".perf", p); err != nil {
+			return err
+		}
+	}
 	for i := range s.Parts {
 		if err := checkJudges(&s.Parts[i].Reward, fmt.Sprintf("%s.parts[%d].reward", field, i), p); err != nil {
 			return err
@@ -585,6 +617,11 @@ func judgeKeyField(s *reward.Spec, field string) string {
 	for i, j := range s.Judges {
 		if j.APIKeyEnv != "" {
 			return fmt.Sprintf("%s.judges[%d].api_key_env", field, i)
+		}
+	}
+	if s.Perf != nil {
+		if f := judgeKeyField(s.Perf, field+".perf"); f != "" {
+			return f
 		}
 	}
 	for i := range s.Parts {

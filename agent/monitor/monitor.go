@@ -28,13 +28,18 @@
 //     tests score and the judge score are.
 //   - serial_collapse (flag; orchestrator tasks whose max_parallel is not
 //     1): no spawn_subagents call ran two sub-agents or more.
-//   - spurious_parallelism (count; orchestrator tasks): sub-agents spawned
-//     in the same spawn_subagents call as another with the same prompt
-//     (whitespace and case aside): parallelism that splits no work.
+//   - spurious_parallelism (count; orchestrator tasks): sub-agents that
+//     ended without useful output (not finished with a non-empty answer:
+//     a failure, a timeout, an empty answer), and those spawned in the
+//     same spawn_subagents call as another with the same prompt
+//     (whitespace and case aside): parallelism that splits no work. A
+//     record without its sub-agents (written before they were recorded)
+//     counts the repeated prompts alone.
 //
-// The orchestrator monitors read the tool calls named spawn_subagents
-// ({"tasks": [{"prompt"}, ...]}: one call is one stage) and the task's
-// "orchestrator" object; until orchestrator episodes exist they are absent.
+// The orchestrator monitors read the record's sub-agents (trajectory
+// subagents: one spawn_subagents call is one stage; without them, the
+// calls' {"tasks": [{"prompt"}, ...]}) and the task's "orchestrator"
+// object.
 package monitor
 
 import (
@@ -173,11 +178,14 @@ func Compute(t *trajectory.Trajectory, cfg *Config) *trajectory.Monitors {
 		m.JudgeDisagreement = ptr(n)
 	}
 	if o := tk.Orchestrator; o != nil {
-		widths, dups := stages(t.Steps)
+		widths, spurious := stages(t.Steps)
+		if len(t.Subagents) > 0 {
+			widths, spurious = subagentStages(t.Subagents)
+		}
 		if o.MaxParallel != 1 {
 			m.SerialCollapse = ptr(slices.Max(append(widths, 0)) < 2)
 		}
-		m.SpuriousParallelism = ptr(dups)
+		m.SpuriousParallelism = ptr(spurious)
 	}
 	return m
 }
@@ -358,6 +366,29 @@ func stages(steps []trajectory.Step) (widths []int, dups int) {
 		}
 	}
 	return widths, dups
+}
+
+// subagentStages reads an orchestrator's sub-agents as its record holds
+// them: each stage's number of sub-agents, and the spurious ones: those
+// that ended without useful output (not finished with a non-empty answer)
+// and those whose prompt repeats another's of the same stage.
+func subagentStages(subs []trajectory.Subagent) (widths []int, spurious int) {
+	width := map[int]int{}
+	seen := map[string]bool{}
+	last := -1
+	for _, sa := range subs {
+		width[sa.Stage]++
+		last = max(last, sa.Stage)
+		k := fmt.Sprint(sa.Stage) + "\x00" + strings.ToLower(strings.Join(strings.Fields(sa.Prompt), " "))
+		if !sa.Finished || seen[k] {
+			spurious++
+		}
+		seen[k] = true
+	}
+	for i := 0; i <= last; i++ {
+		widths = append(widths, width[i])
+	}
+	return widths, spurious
 }
 
 // Penalize subtracts the penalties cfg asks for from a scored reward, for
