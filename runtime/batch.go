@@ -44,6 +44,11 @@ type BatchConfig struct {
 	// Judges bounds and caches the judge rewards' requests (nil: a pool of
 	// the batch's own, in memory).
 	Judges *judge.Pool
+	// SubagentPolicy resolves an orchestrator task's sub-agent policy
+	// (agent.Subagents.Policy); orchestrator tasks need it.
+	SubagentPolicy func(t *agent.Task) (agent.Policy, trajectory.Policy, error)
+	// TrainStep is the trainer's step (a parl reward anneals by it).
+	TrainStep int64
 	// InfraAttempts bounds the attempts of an episode whose sandbox failed
 	// for the infrastructure's sake before the policy was asked anything
 	// (default 3, as the service); the failed attempts' records go to
@@ -94,9 +99,11 @@ type Summary struct {
 	// triggered it (a count above 0 or a flag set; agent/monitor).
 	Monitors map[string]int `json:"monitors"`
 	// Judge totals the judge rewards (absent when no episode had one).
-	Judge     *JudgeSummary `json:"judge,omitempty"`
-	WallTimeS float64       `json:"wall_time_s"`
-	StartedAt time.Time     `json:"started_at"`
+	Judge *JudgeSummary `json:"judge,omitempty"`
+	// Parl totals the orchestrator episodes (absent when there was none).
+	Parl      *ParlSummary `json:"parl,omitempty"`
+	WallTimeS float64      `json:"wall_time_s"`
+	StartedAt time.Time    `json:"started_at"`
 }
 
 // TaskSummary is one task's line of the summary; its means are null when
@@ -123,6 +130,58 @@ type JudgeSummary struct {
 	// MeanMS and MaxMS are the time spent judging an episode.
 	MeanMS float64 `json:"mean_ms"`
 	MaxMS  float64 `json:"max_ms"`
+}
+
+// ParlSummary totals a run's orchestrator episodes (PARL).
+type ParlSummary struct {
+	// Episodes are the orchestrator episodes; Subagents the sub-agents
+	// they spawned.
+	Episodes  int `json:"episodes"`
+	Subagents int `json:"subagents"`
+	// SerialCollapseRate is the fraction of the episodes that spawned at
+	// most one sub-agent.
+	SerialCollapseRate float64 `json:"serial_collapse_rate"`
+	// SpuriousParallelismRate is the fraction of the sub-agents that ended
+	// without useful output (not finished with a non-empty answer); null
+	// when none was spawned.
+	SpuriousParallelismRate *float64 `json:"spurious_parallelism_rate"`
+	// CriticalStepsMean and TotalStepsMean are the episodes' means of
+	// stats.critical_steps and stats.total_steps.
+	CriticalStepsMean float64 `json:"critical_steps_mean"`
+	TotalStepsMean    float64 `json:"total_steps_mean"`
+}
+
+// summarizeParl totals the orchestrator episodes of ts (nil: none).
+func summarizeParl(ts []*trajectory.Trajectory) *ParlSummary {
+	var p ParlSummary
+	var collapsed, spurious, crit, total int
+	for _, t := range ts {
+		if t.Stats.CriticalSteps == nil {
+			continue
+		}
+		p.Episodes++
+		crit += *t.Stats.CriticalSteps
+		if t.Stats.TotalSteps != nil {
+			total += *t.Stats.TotalSteps
+		}
+		if len(t.Subagents) <= 1 {
+			collapsed++
+		}
+		for _, sa := range t.Subagents {
+			p.Subagents++
+			if !sa.Finished {
+				spurious++
+			}
+		}
+	}
+	if p.Episodes == 0 {
+		return nil
+	}
+	n := float64(p.Episodes)
+	p.SerialCollapseRate = float64(collapsed) / n
+	p.SpuriousParallelismRate = mean(float64(spurious), p.Subagents)
+	p.CriticalStepsMean, p.TotalStepsMean = float64(crit)/n, float64(total)/n
+	return &p
 }
 
 // GroupSummary has a group's GRPO statistics.
@@ -185,6 +244,8 @@ func RunBatch(ctx context.Context, cfg BatchConfig) (*Summary, error) {
 	var errs []error
 	var retries, started int
 	var wg sync.WaitGroup
+	// Sub-agents run within the same bound as the episodes (Concurrency).
+	slots := newSlotPool(cfg.Concurrency)
 	for range min(cfg.Concurrency, total) {
 		wg.Add(1)
 		go func() {
@@ -196,6 +257,10 @@ func RunBatch(ctx context.Context, cfg BatchConfig) (*Summary, error) {
 				ecfg := j.plan.config(cfg.RolloutID, j.index, dir)
 				ecfg.NewSandbox, ecfg.Policy, ecfg.PolicyInfo, ecfg.Sampling, ecfg.Observe, ecfg.Judges, ecfg.Prefix =
 					cfg.NewSandbox, cfg.Policy, cfg.PolicyInfo, cfg.Sampling, cfg.OnStep, cfg.Judges, j.prefix
+				ecfg.TrainStep = cfg.TrainStep
+				if j.plan.task.Orchestrator != nil {
+					ecfg.Subagents = &agent.Subagents{Policy: cfg.SubagentPolicy, Slots: subagentSlots{slots}}
+				}
 				ecfg.Retry = openRetry(cfg.InfraAttempts, filepath.Join(cfg.OutDir, "attempts"), nil, ecfg.EpisodeID, func(*agent.OpenError) {
 					mu.Lock()
 					retries++
@@ -207,6 +272,11 @@ func RunBatch(ctx context.Context, cfg BatchConfig) (*Summary, error) {
 						if err := cfg.ConfigureEpisode(&ecfg); err != nil {
 							return err
 						}
+					}
+					// A run interrupted meanwhile still records the
+					// episode (it ends interrupted at once).
+					if err := slots.acquire(ctx, false); err == nil {
+						defer slots.release()
 					}
 					var err error
 					t, err = agent.Run(ctx, ecfg)
@@ -353,6 +423,7 @@ func Summarize(rolloutID string, ts []*trajectory.Trajectory) *Summary {
 		judged.MeanMS = judgeMS / float64(judged.Episodes)
 		s.Judge = &judged
 	}
+	s.Parl = summarizeParl(ts)
 	for id, ts := range s.Tasks {
 		ts.RewardMean, ts.PassRate = mean(perTask[id].reward, ts.Scored), mean(perTask[id].pass, ts.Scored)
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -142,4 +143,70 @@ func openScripted(file string, tasks []*agent.Task) (agent.Policy, trajectory.Po
 		}
 	}
 	return p, trajectory.Policy{Kind: "scripted", Endpoint: file}, nil
+}
+
+// subagentPolicies opens the frozen sub-agent policies the tasks'
+// orchestrators name, each once, before anything runs: a policy string
+// (scripted:FILE, whose relative FILE resolves against the task file's
+// directory, or openai:URL#model=NAME) or a policy object {"base_url",
+// "model"}. It returns the resolver for runtime.BatchConfig.SubagentPolicy
+// (nil when no task has an orchestrator).
+func subagentPolicies(tasks []*agent.Task, opts policyOptions) (func(*agent.Task) (agent.Policy, trajectory.Policy, error), error) {
+	type opened struct {
+		p    agent.Policy
+		info trajectory.Policy
+	}
+	bySpec := map[string]opened{}
+	byTask := map[*agent.Task]opened{}
+	for _, t := range tasks {
+		o := t.Orchestrator
+		if o == nil {
+			continue
+		}
+		spec := o.PolicyString()
+		if spec == "" {
+			var obj struct {
+				BaseURL string `json:"base_url"`
+				Model   string `json:"model"`
+			}
+			dec := json.NewDecoder(strings.NewReader(string(o.SubagentPolicy)))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&obj); err != nil || obj.BaseURL == "" {
+				return nil, fmt.Errorf("task %q: orchestrator.subagent_policy: want a policy string or {\"base_url\", \"model\"}", t.ID)
+			}
+			spec = "openai:" + obj.BaseURL
+			if obj.Model != "" {
+				spec += "#model=" + url.QueryEscape(obj.Model)
+			}
+		}
+		if file, ok := strings.CutPrefix(spec, "scripted:"); ok && !filepath.IsAbs(file) && t.Dir() != "" {
+			spec = "scripted:" + filepath.Join(t.Dir(), file)
+		}
+		op, ok := bySpec[spec]
+		if !ok {
+			var err error
+			if strings.HasPrefix(spec, "scripted:") {
+				// A sub-agent script is picked by sub-task prompt: no task
+				// id to check it covers.
+				op.p, op.info, err = openScripted(strings.TrimPrefix(spec, "scripted:"), nil)
+			} else {
+				op.p, op.info, err = openPolicy(spec, nil, opts)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("task %q: orchestrator.subagent_policy: %v", t.ID, err)
+			}
+			bySpec[spec] = op
+		}
+		byTask[t] = op
+	}
+	if len(byTask) == 0 {
+		return nil, nil
+	}
+	return func(t *agent.Task) (agent.Policy, trajectory.Policy, error) {
+		op, ok := byTask[t]
+		if !ok {
+			return nil, trajectory.Policy{}, fmt.Errorf("task %q: no sub-agent policy was opened for it", t.ID)
+		}
+		return op.p, op.info, nil
+	}, nil
 }

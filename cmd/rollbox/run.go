@@ -60,6 +60,7 @@ with the planned and started counts).`,
 	auditLog := fs.String("audit-log", "", "append every sandbox call to this hash-chained log `FILE` (default $ROLLBOX_AUDIT_LOG)")
 	policyRetries := fs.Int("policy-retries", 0, "retries of a failed openai policy call (429, 5xx, timeouts) before the episode ends policy_error; 0 = the default 5, -1 = none")
 	policyTimeout := fs.Duration("policy-timeout", 0, "timeout of one openai policy call (default 10m)")
+	trainStep := fs.Int64("train-step", 0, "the trainer's step the episodes are for: a parl reward anneals its λ by it")
 	var jf judgeFlags
 	jf.add(cmd)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
@@ -89,6 +90,13 @@ with the planned and started counts).`,
 		policy, info, err := openPolicy(*policySpec, tasks, policyOptions{retries: *policyRetries, timeout: *policyTimeout, apiKey: env.cfg.openAIKey})
 		if err != nil {
 			return usagef("--policy: %v", err)
+		}
+		subPolicies, err := subagentPolicies(tasks, policyOptions{retries: *policyRetries, timeout: *policyTimeout, apiKey: env.cfg.openAIKey})
+		if err != nil {
+			return usagef("--tasks %s: %v", *tasksFile, err)
+		}
+		if *trainStep < 0 {
+			return usagef("--train-step %d is negative", *trainStep)
 		}
 		if jf.concurrency < 1 {
 			return usagef("--judge-concurrency %d is not positive", jf.concurrency)
@@ -149,7 +157,8 @@ with the planned and started counts).`,
 			Backend: *backendName, NewSandbox: backends.create,
 			Policy: policy, PolicyInfo: info, Sampling: sampling, RolloutID: rolloutID,
 			OnEpisode: prog.episode, OnStep: prog.step, ConfigureEpisode: prog.counting(indexes.configure),
-			Judges: judge.NewPool(env.judgeOptions(jf, judgeSpecs(tasks))),
+			Judges:         judge.NewPool(env.judgeOptions(jf, judgeSpecs(tasks))),
+			SubagentPolicy: subPolicies, TrainStep: *trainStep,
 		})
 		prog.stop()
 		if sum == nil {
@@ -164,6 +173,14 @@ with the planned and started counts).`,
 				line += fmt.Sprintf("; judges: %d answer(s), %d from the cache, %d unscored episode(s), %.0f ms an episode on average", j.Requests, j.CacheHits, j.Unscored, j.MeanMS)
 			}
 			fmt.Fprintln(env.stderr, line)
+		}
+		if p := sum.Parl; p != nil {
+			spur := "n/a"
+			if p.SpuriousParallelismRate != nil {
+				spur = fmt.Sprintf("%.2f", *p.SpuriousParallelismRate)
+			}
+			fmt.Fprintf(env.stderr, "rollbox run: orchestrators: %d episode(s), %d sub-agent(s); serial collapse %.2f, spurious parallelism %s; critical steps %.1f of %.1f on average\n",
+				p.Episodes, p.Subagents, p.SerialCollapseRate, spur, p.CriticalStepsMean, p.TotalStepsMean)
 		}
 		fmt.Fprintf(env.stderr, "rollbox run: wrote %s and %s\n", filepath.Join(*out, "episodes")+string(filepath.Separator), filepath.Join(*out, "summary.json"))
 		switch {
