@@ -231,6 +231,9 @@ type RolloutRequest struct {
 	// stream from the start; "episodes" (the default for group_size 1)
 	// starts every episode as soon as a slot is free.
 	Schedule string `json:"schedule,omitempty"`
+	// TrainStep is the trainer's step the rollout is for: a parl reward
+	// anneals its auxiliary weights by it (default 0).
+	TrainStep *int64 `json:"train_step,omitempty"`
 }
 
 // Schedules of a rollout.

@@ -111,6 +111,10 @@ func (s *Server) postEpisode(w http.ResponseWriter, r *http.Request) error {
 	if task.Sandbox.Backend != "" {
 		backend = task.Sandbox.Backend
 	}
+	subagents, err := s.subagentPolicies([]*agent.Task{task}, "task")
+	if err != nil {
+		return err
+	}
 	if err := s.refuseNewWork(); err != nil {
 		return err
 	}
@@ -139,7 +143,13 @@ func (s *Server) postEpisode(w http.ResponseWriter, r *http.Request) error {
 		rec: &episodeRecord{ID: id, Mode: "env", TaskID: task.ID, State: episodeQueued, Tenant: tenantOf(r)}}
 	cfg := agent.Config{Task: task, EpisodeID: id, Seed: req.Seed, Dir: s.st.episodesDir, Backend: backend,
 		NewSandbox: s.sandboxes.create, PolicyInfo: trajectory.Policy{Kind: "env"},
-		Observe: s.metrics.observer(backend), Retry: s.openRetry(id, backend, nil), Judges: s.judges}
+		Observe: s.metrics.observer(backend), Retry: s.openRetry(id, backend, nil), Judges: s.judges,
+		Subagents: s.subagents(task, subagents)}
+	if cfg.Subagents != nil {
+		// An environment episode holds no scheduler slot: its sub-agents
+		// are bound by max_parallel alone.
+		cfg.Subagents.Slots = nil
+	}
 	if s.opts.ConfigureEpisode != nil {
 		if err := s.opts.ConfigureEpisode(&cfg); err != nil {
 			cancel()

@@ -46,8 +46,12 @@ type rollout struct {
 	sampling agent.Sampling
 	endpoint *endpoint
 	sem      chan struct{} // the rollout's own policy concurrency cap, or nil
-	ctx      context.Context
-	cancel   context.CancelCauseFunc
+	// subagents are the orchestrator tasks' sub-agent policies; trainStep
+	// the request's train_step.
+	subagents map[*agent.Task]subagentPolicy
+	trainStep int64
+	ctx       context.Context
+	cancel    context.CancelCauseFunc
 
 	queue []*job // guarded by the scheduler's mu
 	// started counts the rollout's episodes the scheduler started and that
@@ -361,6 +365,9 @@ func (s *Server) parseRollout(ctx context.Context, body []byte) (*rollout, []*jo
 	if req.MaxStaleness != nil && *req.MaxStaleness < 0 {
 		return nil, nil, badField("max_staleness", "%d is negative", *req.MaxStaleness)
 	}
+	if req.TrainStep != nil && *req.TrainStep < 0 {
+		return nil, nil, badField("train_step", "%d is negative", *req.TrainStep)
+	}
 	var sampling agent.Sampling
 	if len(pr.Sampling) > 0 {
 		if err := decodeStrict(pr.Sampling, &sampling, "policy.sampling"); err != nil {
@@ -429,6 +436,10 @@ func (s *Server) parseRollout(ctx context.Context, body []byte) (*rollout, []*jo
 		tasks[i] = t
 	}
 
+	subagents, err := s.subagentPolicies(tasks, "tasks")
+	if err != nil {
+		return nil, nil, err
+	}
 	id := NewID("r")
 	maxRetries := openai.DefaultMaxRetries
 	if pr.MaxRetries != nil {
@@ -465,6 +476,10 @@ func (s *Server) parseRollout(ctx context.Context, body []byte) (*rollout, []*jo
 		EpisodesTotal: len(tasks) * req.GroupSize, Backend: backend, Policy: recPolicy}
 	r := newRollout(rec)
 	r.tasks, r.backend, r.policy, r.sampling, r.endpoint = tasks, backend, pol, sampling, ep
+	r.subagents = subagents
+	if req.TrainStep != nil {
+		r.trainStep = *req.TrainStep
+	}
 	r.info = info
 	if v := s.initialVersion(req.PolicyVersion, tenantFrom(ctx)); v != "" {
 		r.versions = []string{v}
@@ -679,6 +694,7 @@ func (s *Server) runEpisode(ctx context.Context, j *job) (t *trajectory.Trajecto
 	cfg.PolicyInfo, cfg.Sampling = r.info, r.sampling
 	cfg.Observe = s.metrics.observer(j.plan.backend)
 	cfg.Judges = s.judges
+	cfg.TrainStep, cfg.Subagents = r.trainStep, s.subagents(j.plan.task, r.subagents)
 	cfg.Retry = s.openRetry(e.rec.ID, j.plan.backend, func() {
 		r.mu.Lock()
 		r.rec.InfraRetries++

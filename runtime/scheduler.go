@@ -158,6 +158,9 @@ type scheduler struct {
 	demand         map[demandKey]*demand
 	demandDirty    bool
 	ended          []time.Time // recent completions, for Retry-After
+	// waiters are sub-agents (and orchestrators going on after theirs)
+	// waiting for a running slot: served, in order, before queued jobs.
+	waiters []*slotWaiter
 
 	wake     chan struct{}
 	sizeWake chan struct{}
@@ -261,6 +264,7 @@ func (sc *scheduler) addDemandLocked(j *job, d int) {
 func (sc *scheduler) pick() *job {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
+	sc.grantLocked()
 	if sc.running >= sc.limits.MaxRunning || (sc.canStart != nil && !sc.canStart()) {
 		return nil
 	}
@@ -270,6 +274,9 @@ func (sc *scheduler) pick() *job {
 		j := r.queue[0]
 		if sc.backendRunning[j.plan.backend] >= sc.limits.Backend[j.plan.backend] && sc.limits.Backend[j.plan.backend] > 0 {
 			continue
+		}
+		if sc.waitingLocked(j.plan.backend) {
+			continue // a sub-agent waits for this backend's next slot
 		}
 		// A "groups" rollout starts a group only when the whole group fits
 		// its window; the group's other episodes then follow it at once.
@@ -311,8 +318,105 @@ func (sc *scheduler) done(j *job) {
 	if len(sc.ended) > 100000 {
 		sc.ended = sc.ended[len(sc.ended)-50000:]
 	}
+	sc.grantLocked()
 	sc.mu.Unlock()
 	signal(sc.wake)
+}
+
+// slotWaiter is one Acquire waiting for a slot of backend.
+type slotWaiter struct {
+	backend string
+	ch      chan struct{}
+}
+
+// fitsSlotLocked says whether one more episode of backend may run now.
+func (sc *scheduler) fitsSlotLocked(backend string) bool {
+	if sc.running >= sc.limits.MaxRunning {
+		return false
+	}
+	l := sc.limits.Backend[backend]
+	return l <= 0 || sc.backendRunning[backend] < l
+}
+
+func (sc *scheduler) takeSlotLocked(backend string) {
+	sc.running++
+	sc.backendRunning[backend]++
+	sc.syncCountsLocked()
+}
+
+// grantLocked gives the free slots to the waiters, in order.
+func (sc *scheduler) grantLocked() {
+	kept := sc.waiters[:0]
+	for _, w := range sc.waiters {
+		if sc.fitsSlotLocked(w.backend) {
+			sc.takeSlotLocked(w.backend)
+			w.ch <- struct{}{}
+			continue
+		}
+		kept = append(kept, w)
+	}
+	clear(sc.waiters[len(kept):])
+	sc.waiters = kept
+}
+
+// waitingLocked says whether a sub-agent waits for a slot that an episode
+// of backend would take.
+func (sc *scheduler) waitingLocked(backend string) bool {
+	for _, w := range sc.waiters {
+		if w.backend == backend || sc.running >= sc.limits.MaxRunning {
+			return true
+		}
+	}
+	return false
+}
+
+// Acquire takes a running slot of backend for a sub-agent, or for an
+// orchestrator going on after its sub-agents (agent.Slots): it counts in
+// the service's running episodes and the backend's bound, and is served
+// before every queued episode. It waits until one is free or ctx ends.
+func (sc *scheduler) Acquire(ctx context.Context, backend string) error {
+	sc.mu.Lock()
+	if len(sc.waiters) == 0 && sc.fitsSlotLocked(backend) {
+		sc.takeSlotLocked(backend)
+		sc.mu.Unlock()
+		return nil
+	}
+	w := &slotWaiter{backend: backend, ch: make(chan struct{}, 1)}
+	sc.waiters = append(sc.waiters, w)
+	sc.mu.Unlock()
+	select {
+	case <-w.ch:
+		return nil
+	case <-ctx.Done():
+	}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	for i, x := range sc.waiters {
+		if x == w {
+			sc.waiters = append(sc.waiters[:i], sc.waiters[i+1:]...)
+			return ctx.Err()
+		}
+	}
+	// Granted as ctx ended: hand it on.
+	sc.releaseLocked(backend)
+	signal(sc.wake)
+	return ctx.Err()
+}
+
+// Release gives back a slot taken by Acquire, or an orchestrator's own
+// while it waits on its sub-agents (agent.Slots).
+func (sc *scheduler) Release(backend string) {
+	sc.mu.Lock()
+	sc.releaseLocked(backend)
+	sc.mu.Unlock()
+	signal(sc.wake)
+}
+
+func (sc *scheduler) releaseLocked(backend string) {
+	sc.running--
+	sc.backendRunning[backend]--
+	sc.syncCountsLocked()
+	sc.grantLocked()
 }
 
 // withdraw removes a rollout's queued jobs (cancellation, shutdown) and

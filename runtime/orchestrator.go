@@ -1,0 +1,120 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/rollbox/rollbox/agent"
+	"github.com/rollbox/rollbox/agent/openai"
+	"github.com/rollbox/rollbox/agent/trajectory"
+)
+
+// subagentPolicy is an orchestrator task's frozen sub-agent policy as the
+// service runs it: an OpenAI-compatible client behind its endpoint's cap on
+// calls in flight.
+type subagentPolicy struct {
+	policy agent.Policy
+	info   trajectory.Policy
+}
+
+// subagentPolicies opens the sub-agent policies of the tasks' orchestrators
+// (by task). The service takes a policy object only ({"base_url", "model",
+// "sampling"?, "max_retries"?, "timeout_s"?}): a policy string names files
+// of the machine it runs on, which is `rollbox run`'s, not a client's.
+// field names the tasks in errors ("tasks").
+func (s *Server) subagentPolicies(tasks []*agent.Task, field string) (map[*agent.Task]subagentPolicy, error) {
+	out := map[*agent.Task]subagentPolicy{}
+	for i, t := range tasks {
+		o := t.Orchestrator
+		if o == nil {
+			continue
+		}
+		f := fmt.Sprintf("%s[%d].orchestrator.subagent_policy", field, i)
+		if field == "task" {
+			f = "task.orchestrator.subagent_policy"
+		}
+		if o.PolicyString() != "" {
+			return nil, badField(f, "the service takes a policy object {\"base_url\": URL, \"model\": NAME}; policy strings (%s) are for rollbox run's task files", o.PolicyString())
+		}
+		var pr PolicyRequest
+		if err := decodeStrict(o.SubagentPolicy, &pr, f); err != nil {
+			return nil, err
+		}
+		if u, err := url.Parse(pr.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, badField(f+".base_url", "%q is not an http or https URL", pr.BaseURL)
+		}
+		if pr.Model == "" {
+			return nil, badField(f+".model", "required: the frozen sub-agent model's name")
+		}
+		if pr.Mode != "" && pr.Mode != trajectory.ModeChat {
+			return nil, badField(f+".mode", "sub-agents run in chat mode (their turns are never trained on)")
+		}
+		if pr.MaxRetries != nil && (*pr.MaxRetries < 0 || *pr.MaxRetries > 20) {
+			return nil, badField(f+".max_retries", "%d is outside 0..20", *pr.MaxRetries)
+		}
+		if pr.TimeoutS < 0 || pr.TimeoutS > s.maxima.PolicyTimeoutS {
+			return nil, badField(f+".timeout_s", "%v is outside 0..%v", pr.TimeoutS, s.maxima.PolicyTimeoutS)
+		}
+		var sampling agent.Sampling
+		if len(pr.Sampling) > 0 {
+			if err := decodeStrict(pr.Sampling, &sampling, f+".sampling"); err != nil {
+				return nil, err
+			}
+		}
+		if err := agent.CheckJudges(t, trajectory.Policy{Endpoint: pr.BaseURL, Model: pr.Model}); err != nil {
+			return nil, taskError(fmt.Errorf("the sub-agent policy: %w", err), fmt.Sprintf("%s[%d]", field, i))
+		}
+		retries := openai.DefaultMaxRetries
+		if pr.MaxRetries != nil {
+			retries = *pr.MaxRetries
+			if retries == 0 {
+				retries = -1
+			}
+		}
+		ep := s.endpoints.get(pr.BaseURL)
+		p, err := openai.New(openai.Config{BaseURL: pr.BaseURL, Model: pr.Model, APIKey: s.opts.PolicyAPIKey, MaxRetries: retries,
+			Timeout: time.Duration(pr.TimeoutS * float64(time.Second)), HTTPClient: ep.client})
+		if err != nil {
+			return nil, badField(f, "%v", err)
+		}
+		sj, _ := json.Marshal(sampling)
+		out[t] = subagentPolicy{
+			policy: &sampledPolicy{inner: &gatedPolicy{inner: p, ep: ep, metrics: s.metrics}, sampling: sampling},
+			info:   trajectory.Policy{Kind: "openai", Endpoint: pr.BaseURL, Model: strings.TrimSpace(pr.Model), Sampling: sj},
+		}
+	}
+	return out, nil
+}
+
+// subagents is how a service episode of task t runs its sub-agents.
+func (s *Server) subagents(t *agent.Task, policies map[*agent.Task]subagentPolicy) *agent.Subagents {
+	if t.Orchestrator == nil {
+		return nil
+	}
+	sp, ok := policies[t]
+	return &agent.Subagents{
+		Policy: func(*agent.Task) (agent.Policy, trajectory.Policy, error) {
+			if !ok {
+				return nil, trajectory.Policy{}, fmt.Errorf("task %q: its sub-agent policy was not opened", t.ID)
+			}
+			return sp.policy, sp.info, nil
+		},
+		Slots: s.sched,
+	}
+}
+
+// sampledPolicy sends the sub-agent policy's own sampling parameters in
+// place of the episode's.
+type sampledPolicy struct {
+	inner    agent.Policy
+	sampling agent.Sampling
+}
+
+func (p *sampledPolicy) Next(ctx context.Context, req agent.Request) (agent.Turn, error) {
+	req.Sampling = p.sampling
+	return p.inner.Next(ctx, req)
+}

@@ -1,0 +1,100 @@
+package runtime_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/internal/fakepolicy"
+	"github.com/rollbox/rollbox/runtime"
+)
+
+// orchestratorTask is an inline orchestrator task whose frozen sub-agents
+// are served by sub.
+func orchestratorTask(id string, sub *fakepolicy.Server) map[string]any {
+	t := task(id)
+	t["orchestrator"] = map[string]any{"subagent_policy": map[string]any{"base_url": sub.URL(), "model": "frozen"}, "max_parallel": 3}
+	t["reward"] = map[string]any{"type": "parl", "perf": map[string]any{"type": "exact", "answer": "done"},
+		"lambda_parallel": 0.5, "lambda_finish": 0.5, "parallel_cap": 3, "anneal": map[string]any{"schedule": "cosine", "steps": 100}}
+	return t
+}
+
+// A service that runs one episode at a time still runs orchestrators with
+// three sub-agents each (a waiting orchestrator gives its slot back), two of
+// them in one group: the records hold the tree, the reward is annealed at
+// the request's train_step, and the sub-agent policy is the frozen one.
+func TestTheServiceRunsOrchestratorsWithinOneSlotWithoutDeadlock(t *testing.T) {
+	orch := startPolicy(t, fakepolicy.Config{Responder: fakepolicy.Script(
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "spawn_subagents", Arguments: `{"tasks": [{"prompt": "look at a"}, {"prompt": "look at b"}, {"prompt": "look at c"}]}`}}},
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "finish", Arguments: `{"answer": "done"}`}}})})
+	sub := startPolicy(t, fakepolicy.Config{Responder: fakepolicy.BashThenFinish(1), Record: true})
+	data := t.TempDir()
+	s := startService(t, data, func(o *runtime.Options) { o.Limits.MaxRunning = 1 })
+	body := rolloutBody(orch, 2, orchestratorTask("o", sub))
+	body["train_step"] = 50
+	id := s.submit(body)
+	st := s.waitState(id, time.Minute, func(st status) bool { return st.State == "done" })
+	if st.EpisodesDone != 2 || st.Ends["finished"] != 2 {
+		t.Fatalf("status %+v", st)
+	}
+	eps := s.episodes(id, "")
+	if len(eps) != 2 {
+		t.Fatalf("%d episodes: sub-episodes are not the rollout's episodes", len(eps))
+	}
+	for _, e := range eps {
+		c := e.Reward.Components
+		// cosine at 50 of 100 steps: λ0/2.
+		if *e.Reward.Total != 1+0.25+0.25 || c["lambda_parallel"] != 0.25 || c["train_step"] != 50 || c["r_parallel"] != 1 {
+			t.Errorf("%s: reward %v %v", e.EpisodeID, *e.Reward.Total, c)
+		}
+		if len(e.Subagents) != 3 || *e.Stats.CriticalSteps != 2+2 || *e.Stats.TotalSteps != 2+3*2 {
+			t.Fatalf("%s: sub-agents %+v stats %+v", e.EpisodeID, e.Subagents, e.Stats)
+		}
+		for _, sa := range e.Subagents {
+			b, err := os.ReadFile(filepath.Join(data, "episodes", sa.File))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var tr trajectory.Trajectory
+			json.Unmarshal(b, &tr)
+			if tr.Parent == nil || tr.Parent.EpisodeID != e.EpisodeID || tr.Policy.Endpoint != sub.URL() || tr.Policy.Model != "frozen" || !sa.Useful {
+				t.Errorf("sub-episode %s: parent %+v policy %+v useful %v", sa.EpisodeID, tr.Parent, tr.Policy, sa.Useful)
+			}
+		}
+	}
+	if n := len(sub.Requests()); n != 2*3*2 {
+		t.Errorf("the sub-agent policy answered %d calls, want 12", n)
+	}
+}
+
+func TestTheServiceRefusesASubagentPolicyItCannotRun(t *testing.T) {
+	orch := startPolicy(t, fakepolicy.Config{})
+	s := startService(t, "")
+	for _, tt := range []struct {
+		policy any
+		field  string
+	}{
+		{"scripted:/etc/passwd", "tasks[0].orchestrator.subagent_policy"},
+		{map[string]any{"base_url": "file:///x", "model": "m"}, "tasks[0].orchestrator.subagent_policy.base_url"},
+		{map[string]any{"base_url": "http://127.0.0.1:1/v1"}, "tasks[0].orchestrator.subagent_policy.model"},
+		{map[string]any{"base_url": "http://127.0.0.1:1/v1", "model": "m", "mode": "tokens"}, "tasks[0].orchestrator.subagent_policy.mode"},
+	} {
+		tk := task("o")
+		tk["orchestrator"] = map[string]any{"subagent_policy": tt.policy}
+		var e apiErr
+		code, _ := s.do("POST", "/v1/rollouts", rolloutBody(orch, 1, tk), &e)
+		if code != http.StatusBadRequest || e.Error.Field != tt.field {
+			t.Errorf("%v: %d %+v, want 400 naming %s", tt.policy, code, e, tt.field)
+		}
+	}
+	body := rolloutBody(orch, 1, task("a"))
+	body["train_step"] = -1
+	var e apiErr
+	if code, _ := s.do("POST", "/v1/rollouts", body, &e); code != 400 || e.Error.Field != "train_step" {
+		t.Errorf("train_step -1: %d %+v", code, e)
+	}
+}
