@@ -65,6 +65,15 @@ type Options struct {
 	Configure func(*agent.Config) error
 	// OnStep, if set, sees each step as it is replayed (streamed reports).
 	OnStep func(StepReport)
+	// LiveSubagents re-runs an orchestrator's sub-agents, each replaying
+	// its own recorded turns in a fresh sandbox (their records are read
+	// from SubagentDir); by default every spawn_subagents call is answered
+	// with the recorded sub-agents' answers, as the orchestrator saw them.
+	LiveSubagents bool
+	// SubagentDir is the directory the recorded sub-episode files
+	// (subagents[].file) are relative to: the recorded trajectory's own
+	// (default: File's directory).
+	SubagentDir string
 	// AtStop, if set, is called with the live sandbox where the replay
 	// stops, before the sandbox is closed (an interactive shell).
 	AtStop func(ctx context.Context, sb sandbox.Sandbox) error
@@ -269,6 +278,13 @@ func Episode(ctx context.Context, tr *trajectory.Trajectory, opts Options) (*Rep
 		},
 		Observe:    rp.observe,
 		BeforeCall: rp.beforeCall,
+	}
+	if task.Orchestrator != nil {
+		sub, err := subagentsOf(tr, opts)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Subagents = sub
 	}
 	if opts.Configure != nil {
 		if err := opts.Configure(&cfg); err != nil {
@@ -580,4 +596,68 @@ func recordedSpec(spec *sandbox.Spec, rec trajectory.Sandbox, limits *sandbox.Li
 func limitsText(l sandbox.Limits) string {
 	return fmt.Sprintf("cpus %g, memory %d MB, pids %d, disk %d MB, tmp %d MB, exec timeout %v, output %d B",
 		l.CPUs, l.MemoryMB, l.PIDs, l.DiskMB, l.TmpMB, l.ExecTimeout, l.OutputBytes)
+}
+
+// subagentsOf is how a replayed orchestrator's spawn_subagents calls are
+// answered: from the recorded sub-agents (default), or, with
+// LiveSubagents, by running each again on its own recorded turns.
+func subagentsOf(tr *trajectory.Trajectory, opts Options) (*agent.Subagents, error) {
+	if !opts.LiveSubagents {
+		return &agent.Subagents{Recorded: append([]trajectory.Subagent{}, tr.Subagents...)}, nil
+	}
+	dir := opts.SubagentDir
+	if dir == "" {
+		dir = filepath.Dir(opts.File)
+	}
+	p := &promptTurns{turns: map[string][]agent.Turn{}, failed: map[string]string{}}
+	for _, sa := range tr.Subagents {
+		if sa.File == "" {
+			continue
+		}
+		sub, err := trajectory.Read(filepath.Join(dir, sa.File))
+		if err != nil {
+			return nil, fmt.Errorf("live sub-agents need the sub-episodes' records: %w", err)
+		}
+		if _, dup := p.turns[sa.Prompt]; dup {
+			continue
+		}
+		p.turns[sa.Prompt] = Turns(sub)
+		if t := sub.Termination; t != nil && t.Reason == trajectory.EndPolicyError {
+			p.failed[sa.Prompt] = t.Message
+		}
+	}
+	info := trajectory.Policy{Kind: "replay", Endpoint: "sub-agents of " + tr.EpisodeID}
+	return &agent.Subagents{Policy: func(*agent.Task) (agent.Policy, trajectory.Policy, error) { return p, info, nil }}, nil
+}
+
+// promptTurns replays a sub-agent's recorded turns, picked by its prompt;
+// one whose recording ended policy_error fails again after them, with the
+// recorded message.
+type promptTurns struct {
+	turns  map[string][]agent.Turn
+	failed map[string]string
+}
+
+// recordedPolicyError is a recorded policy failure, as it was worded.
+type recordedPolicyError struct{ msg string }
+
+func (e recordedPolicyError) Error() string { return e.msg }
+func (e recordedPolicyError) Unwrap() error { return agent.ErrPolicy }
+
+func (p *promptTurns) Next(ctx context.Context, req agent.Request) (agent.Turn, error) {
+	var prompt string
+	for _, m := range req.Messages {
+		if m.Role == agent.RoleUser {
+			prompt = m.Content
+			break
+		}
+	}
+	turns, ok := p.turns[prompt]
+	if msg, failed := p.failed[prompt]; failed && req.Turn >= len(turns) {
+		return agent.Turn{}, recordedPolicyError{msg}
+	}
+	if !ok || req.Turn >= len(turns) {
+		return agent.Turn{}, fmt.Errorf("%w: the recording has no turn %d of a sub-agent with this prompt", agent.ErrPolicy, req.Turn)
+	}
+	return turns[req.Turn], nil
 }

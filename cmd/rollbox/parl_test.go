@@ -171,3 +171,44 @@ func mustFloat(s string) float64 {
 	json.Unmarshal([]byte(s), &f)
 	return f
 }
+
+// Replay re-executes the orchestrator's calls and by default answers its
+// spawn_subagents calls with the recorded sub-agents (nothing is run for
+// them); --live-subagents runs each again on its own recorded turns. Either
+// way the orchestrator sees what it saw, and scores the same.
+func TestAnOrchestratorEpisodeReplaysWithRecordedOrLiveSubagents(t *testing.T) {
+	tr, out := runParl(t, "spurious")
+	file, _ := filepath.Glob(filepath.Join(out, "episodes", "*.json"))
+	for _, live := range []bool{false, true} {
+		dir := t.TempDir()
+		args := []string{"replay", file[0], "--json", "--out", dir}
+		if live {
+			args = append(args, "--live-subagents")
+		}
+		code, stdout, stderr := rollbox(t, args...)
+		var rep struct {
+			Divergence *json.RawMessage
+			Stop       string
+			Recorded   struct{ Reward *float64 }
+			Replayed   struct{ Reward *float64 }
+			Trajectory string
+		}
+		if err := json.Unmarshal([]byte(stdout), &rep); err != nil || code != 0 {
+			t.Fatalf("live %v: exit %d %v: %s %s", live, code, err, stdout, stderr)
+		}
+		if rep.Divergence != nil || rep.Replayed.Reward == nil || *rep.Replayed.Reward != *tr.Reward.Total {
+			t.Errorf("live %v: %s", live, stdout)
+		}
+		again, err := trajectory.Read(rep.Trajectory)
+		if err != nil {
+			t.Fatal(err)
+		}
+		subs, _ := filepath.Glob(filepath.Join(dir, "subagents", "*.json"))
+		if len(again.Subagents) != 5 || (len(subs) == 5) != live || (again.Subagents[0].File != "") != live {
+			t.Errorf("live %v: %d sub-agents, %d sub-episode records, file %q", live, len(again.Subagents), len(subs), again.Subagents[0].File)
+		}
+		if *again.Stats.CriticalSteps != *tr.Stats.CriticalSteps {
+			t.Errorf("live %v: critical steps %d, recorded %d", live, *again.Stats.CriticalSteps, *tr.Stats.CriticalSteps)
+		}
+	}
+}

@@ -53,6 +53,7 @@ cannot start (nothing has run then).`,
 	out := fs.String("out", "", "keep the replay's own trajectory in `DIR` (default: discarded)")
 	base := fs.String("base", "", "resolve the task's relative workspace and index paths against `DIR` (default: the task file's directory the trajectory recorded, when it exists here; else the current directory)")
 	strict := fs.Bool("strict", false, "compare outputs byte for byte (by default wall-clock durations such as pytest's \"in 0.02s\" are masked, and such a step is reported \"matched (durations differ)\")")
+	liveSubagents := fs.Bool("live-subagents", false, "an orchestrator's sub-agents run again, each on its own recorded turns in a fresh sandbox (default: spawn_subagents answers with the recorded sub-agents' answers)")
 	ignore := fs.StringArray("ignore", nil, "a regular expression (`RE`) whose matches are masked before comparing (repeatable)")
 	cmd.RunE = func(cmd *cobra.Command, pos []string) error {
 		ctx := cmd.Context()
@@ -157,7 +158,7 @@ cannot start (nothing has run then).`,
 				return backend.Create(ctx, spec)
 			},
 			Image: image, Dir: dir, BaseDir: *base, Until: *until, Policy: policy, PolicyInfo: policyInfo,
-			Ignore: masks, Strict: *strict, Configure: configure, File: pos[0],
+			Ignore: masks, Strict: *strict, Configure: configure, File: pos[0], LiveSubagents: *liveSubagents,
 			KeepFinish: *shell && *until < 0 && policy == nil,
 		}
 		if !*asJSON {
