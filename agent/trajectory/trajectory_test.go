@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -165,5 +166,35 @@ func TestRecoveredStatsCountTruncatedStepsBesideErrorKinds(t *testing.T) {
 	want := Truncations{Total: 2, Tools: map[string]int{"bash": 1, "python": 1}}
 	if tr.Stats.Truncated == nil || !reflect.DeepEqual(*tr.Stats.Truncated, want) || tr.Stats.ToolErrors["nonzero_exit"] != 2 {
 		t.Errorf("stats: truncated %+v, tool errors %v; want %+v beside nonzero_exit=2", tr.Stats.Truncated, tr.Stats.ToolErrors, want)
+	}
+}
+
+// A sub-episode's turns are the frozen sub-agent policy's: its token
+// segments keep their ids with loss mask 0 throughout, an orchestrator's
+// keep 1 on its sampled ids.
+func TestASubEpisodesTokenSegmentsAreFrozen(t *testing.T) {
+	seg := 0
+	steps := []Step{{Type: StepModel, Segment: &seg, PromptIDs: []int64{1, 2}, CompletionIDs: []int64{3, 4}}}
+	for _, parent := range []*Parent{nil, {EpisodeID: "o", Step: 1}} {
+		w, err := NewWriter(t.TempDir(), &Trajectory{EpisodeID: "e", Parent: parent})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range steps {
+			if _, err := w.Step(s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := w.End(&Termination{Reason: EndFinished}, nil, Stats{}); err != nil {
+			t.Fatal(err)
+		}
+		got := w.Trajectory().Segments
+		want := "[0 0 1 1]"
+		if parent != nil {
+			want = "[0 0 0 0]"
+		}
+		if len(got) != 1 || fmt.Sprint(got[0].Ids) != "[1 2 3 4]" || fmt.Sprint(got[0].LossMask) != want {
+			t.Errorf("parent %v: segments %+v, want loss mask %s", parent, got, want)
+		}
 	}
 }

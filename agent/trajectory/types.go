@@ -811,7 +811,6 @@ func (s Step) OutputCut() bool {
 	return s.Type == StepTool && (s.Truncated || s.BytesDropped > 0)
 }
 
-
 // Parent names the orchestrator episode that spawned a sub-episode.
 type Parent struct {
 	EpisodeID string `json:"episode_id"`

@@ -207,6 +207,13 @@ func (w *Writer) End(term *Termination, reward *Reward, stats Stats) error {
 	now := time.Now().UTC()
 	w.t.Termination, w.t.Reward, w.t.Stats, w.t.EndedAt = term, reward, stats, &now
 	w.t.Segments, _ = BuildSegments(w.t.Steps) // the steps are the record; a bad segment leaves none
+	if w.t.Parent != nil {
+		// A sub-episode's turns are the frozen sub-agent policy's: none
+		// of its ids is trained on.
+		for i := range w.t.Segments {
+			clear(w.t.Segments[i].LossMask)
+		}
+	}
 	if err := w.append(lineEnd, endRecord{term, reward, stats, now, w.t.Monitors}); err != nil {
 		w.discard()
 		return err
