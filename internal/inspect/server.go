@@ -431,6 +431,9 @@ func (s *Server) episode(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Unlock()
 	if file == "" {
+		file = s.subEpisode(id)
+	}
+	if file == "" {
 		apiError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no episode %q among the %d in %s", id, l.Total, s.dir))
 		return
 	}
@@ -442,4 +445,20 @@ func (s *Server) episode(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.Write(b)
+}
+
+// subEpisode finds an orchestrator's sub-episode by id: its record is in
+// the episodes directory's subagents/ (not listed: it is not an episode of
+// the run, but its orchestrator's tree links to it). "" when there is none.
+func (s *Server) subEpisode(id string) string {
+	if id == "" || strings.ContainsAny(id, `/\`) || strings.HasPrefix(id, ".") {
+		return ""
+	}
+	for _, src := range s.sources {
+		f := filepath.Join(src.episodes, "subagents", id+".json")
+		if st, err := os.Stat(f); err == nil && st.Mode().IsRegular() {
+			return f
+		}
+	}
+	return ""
 }

@@ -95,6 +95,9 @@ func Render(w io.Writer, t *trajectory.Trajectory, opts Options) {
 		}
 		p.f("  redacted  %s\n", p.c(yellow, strings.Join(parts, " · ")))
 	}
+	if pa := t.Parent; pa != nil {
+		p.f("  parent    %s step %d · stage %d sub-agent %d · frozen (never trained on, never rewarded)\n", pa.EpisodeID, pa.Step, pa.Stage, pa.Index)
+	}
 	st := t.Stats
 	p.f("  ran       %s · %s · %d turns · %d tool calls · %s prompt + %s completion tokens\n",
 		t.StartedAt.UTC().Format("2006-01-02 15:04:05 UTC"), dur(st.DurationMS), st.Turns, st.ToolCalls,
@@ -137,6 +140,35 @@ func Render(w io.Writer, t *trajectory.Trajectory, opts Options) {
 	p.end(t)
 	p.outcomes(t)
 	p.monitors(t)
+	p.tree(t)
+}
+
+// tree prints an orchestrator episode's sub-agents by stage, each stage's
+// longest (the critical path) starred, and its critical steps.
+func (p printer) tree(t *trajectory.Trajectory) {
+	st := t.Stats
+	if st.CriticalSteps == nil {
+		return
+	}
+	total := 0
+	if st.TotalSteps != nil {
+		total = *st.TotalSteps
+	}
+	p.f("%s  %d critical steps of %d (%d orchestrator turns + the longest sub-agent of each stage)\n", p.c(bold, "sub-agents"), *st.CriticalSteps, total, st.Turns)
+	for i, sa := range t.Subagents {
+		if i == 0 || t.Subagents[i-1].Stage != sa.Stage {
+			p.f("  stage %d (step %d)\n", sa.Stage, sa.Step)
+		}
+		star := " "
+		if sa.Critical {
+			star = p.c(bold, "*")
+		}
+		answer := oneLine(sa.Answer, 60)
+		if sa.Truncated {
+			answer += fmt.Sprintf(" [cut: %d of %d bytes shown]", len(sa.Answer), sa.AnswerBytes)
+		}
+		p.f("   %s #%d %-14s %2d steps  %s  %s\n", star, sa.Index, sa.End, sa.Steps, oneLine(sa.Prompt, 50), p.c(dim, answer))
+	}
 }
 
 // outcomes prints an imported episode's outcome status and signals.

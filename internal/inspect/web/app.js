@@ -302,7 +302,10 @@ function renderEpisode(t) {
         ...MONITORS.filter(m => monitorValue(t.monitors, m) > 0).map(m => monitorBadge(m, monitorValue(t.monitors, m))),
         badge(sb.backend || "?"), t.policy && t.policy.kind ? badge("policy " + t.policy.kind) : null,
         t.source ? el("span", { id: "source-badge" }, badge("source " + t.source)) : null,
-        t.outcomes ? el("span", { id: "outcome-badge" }, badge("outcome " + t.outcomes.status)) : null)),
+        t.outcomes ? el("span", { id: "outcome-badge" }, badge("outcome " + t.outcomes.status)) : null),
+      t.parent ? el("div", { class: "parent", id: "parent" }, "sub-agent " + t.parent.index + " of stage " + t.parent.stage + " of ",
+        el("a", { href: "#e/" + encodeURIComponent(t.parent.episode_id) }, t.parent.episode_id),
+        " (its step " + t.parent.step + ") · frozen: never trained on, never rewarded") : null),
     el("div", { class: "score", id: "reward" },
       el("div", { class: "label" }, "reward"),
       el("div", { class: "value", id: "reward-total", style: { color: rewardColor(reward ? reward.total : null) } },
@@ -348,6 +351,7 @@ function renderEpisode(t) {
   if (t.monitors) cards.append(monitorCard(t.monitors));
   if (t.outcomes) cards.append(outcomeCard(t.outcomes));
   if (t.import || (t.redactions && t.redactions.length)) cards.append(importCard(t));
+  if (t.subagents || st.critical_steps !== undefined) cards.append(subagentCard(t));
 
   // How it ended.
   cards.append(el("section", { class: "card", id: "end-card" }, el("h3", {}, "End"),
@@ -411,6 +415,51 @@ function importCard(t) {
       i.missing && i.missing.length ? [el("dt", {}, "replay needs"), el("dd", {}, i.missing.join(", "))] : null),
     ...(t.redactions || []).map(r => el("div", { class: "component", "data-redaction": r.kind },
       el("span", {}, "redacted " + r.kind.replace(/_/g, " ") + " at " + r.path), el("span", { class: "v" }, "×" + r.count))));
+}
+
+// subagentCard shows an orchestrator episode's tree: per stage (one
+// spawn_subagents call), the orchestrator's turns up to it and each
+// sub-agent with its end, steps and answer as the orchestrator saw it; the
+// critical path (each stage's longest sub-agent) is marked, and the
+// critical steps are summed as they were computed.
+function subagentCard(t) {
+  const st = t.stats || {};
+  const subs = t.subagents || [];
+  const c = el("section", { class: "card", id: "subagents-card" }, el("h3", {}, "Sub-agents · critical path"));
+  c.append(el("div", { class: "component", id: "critical-steps" }, el("span", {}, "critical steps"), el("span", { class: "v" }, String(st.critical_steps)),
+    el("span", { class: "muted" }, "of " + st.total_steps + " steps in all · " + count(subs.length, "sub-agent"))));
+  const stages = new Map();
+  for (const sa of subs) {
+    if (!stages.has(sa.stage)) stages.set(sa.stage, []);
+    stages.get(sa.stage).push(sa);
+  }
+  // The orchestrator's turns in each stage: those up to its spawn call.
+  const turnOf = new Map(t.steps.map(s => [s.index, s.turn]));
+  let prevTurn = -1, sum = [];
+  const tree = el("ol", { class: "tree", id: "subagent-tree" });
+  for (const [stage, list] of [...stages.entries()].sort((a, b) => a[0] - b[0])) {
+    const turn = turnOf.get(list[0].step);
+    const own = turn === undefined ? 0 : turn - prevTurn;
+    if (turn !== undefined) prevTurn = turn;
+    const longest = Math.max(0, ...list.map(sa => sa.steps));
+    sum.push(own + "+" + longest);
+    tree.append(el("li", { class: "stage", "data-stage": stage },
+      el("div", { class: "tl-head" }, el("b", {}, "stage " + stage), el("span", { class: "muted" }, "step " + list[0].step + " · orchestrator " + count(own, "turn") + " + longest sub-agent " + count(longest, "step"))),
+      el("ul", {}, ...list.map(sa => el("li", { class: "sub" + (sa.critical ? " critical" : ""), "data-subagent": sa.episode_id, "data-critical": sa.critical ? "true" : "false" },
+        sa.critical ? el("span", { class: "crit", title: "on the critical path" }, "★") : el("span", { class: "crit" }, ""),
+        sa.file ? el("a", { href: "#e/" + encodeURIComponent(sa.episode_id) }, "#" + sa.index) : el("span", {}, "#" + sa.index),
+        endBadge(sa.end), el("span", { class: "muted" }, count(sa.steps, "step")),
+        sa.useful ? badge("useful", END_COLORS.finished) : sa.finished ? badge("answered") : badge("no output", ERROR_COLORS.nonzero_exit),
+        sa.truncated ? badge("answer cut " + sa.answer.length + " of " + sa.answer_bytes + " bytes", ERROR_COLORS.output_truncated) : null,
+        el("span", { class: "prompt", title: sa.prompt }, sa.prompt),
+        el("code", { class: "answer" }, sa.answer === "" ? "(no answer)" : sa.answer))))));
+  }
+  const rest = (st.turns || 0) - (prevTurn + 1);
+  if (stages.size) sum.push(String(rest));
+  c.append(tree);
+  if (stages.size) c.append(el("div", { class: "muted", id: "critical-sum" }, "critical steps = " + sum.join(" + ") + " (after the last stage) = " + st.critical_steps));
+  else c.append(el("div", { class: "muted" }, "no sub-agent was spawned: every step was the orchestrator's"));
+  return c;
 }
 
 function monitorValue(ms, name) {
