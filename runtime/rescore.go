@@ -250,7 +250,15 @@ func rescoreOne(ctx context.Context, cfg RescoreConfig, t *trajectory.Trajectory
 			judge.Seed(cfg.Judges.Cache(), t.Reward.Judge)
 		}
 		in := reward.Input{Prompt: task.Prompt, End: reason, Steps: t.Steps, Judges: cfg.Judges,
-			Answer: t.Termination.Answer, IDs: t.Termination.IDs, Recorded: recorded(&task.Reward, t.Reward)}
+			Answer: t.Termination.Answer, IDs: t.Termination.IDs, Recorded: recorded(&task.Reward, t.Reward),
+			Subagents: t.Subagents}
+		if t.Stats.CriticalSteps != nil {
+			in.CriticalSteps = *t.Stats.CriticalSteps
+		}
+		if t.Reward != nil {
+			// A parl reward anneals at the train step the episode ran at.
+			in.TrainStep = int64(t.Reward.Components["train_step"])
+		}
 		for _, e := range t.ContextEvents {
 			switch e.Kind {
 			case "seen":
@@ -293,6 +301,12 @@ func recorded(spec *reward.Spec, r *trajectory.Reward) *reward.Recorded {
 	case "tests":
 		if v, ok := r.Components["tests"]; ok {
 			rec.Tests[spec.Command] = v
+		}
+	case "parl":
+		if spec.Perf != nil && spec.Perf.Type == "tests" {
+			if v, ok := r.Components["r_perf"]; ok {
+				rec.Tests[spec.Perf.Command] = v
+			}
 		}
 	case "composite":
 		for _, p := range spec.Parts {
