@@ -96,8 +96,8 @@ func newRoot(env *cliEnv) *cobra.Command {
 		Use:   "rollbox",
 		Short: "A rollout sandbox runtime for RL agents",
 		Long: `Rollbox runs agent episodes, each in its own isolated sandbox (a WASM instance,
-embedded, or a container on the local Docker engine), and records every episode
-as a trajectory with its reward.
+embedded, or a container on the local Docker engine or containerd), and records
+every episode as a trajectory with its reward.
 
   rollbox run --tasks examples/coding/tasks.jsonl --policy scripted:examples/coding/policy.jsonl
   rollbox inspect out/<rollout id>/episodes/<episode id>.json
