@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rollbox/rollbox/agent/trajectory"
@@ -145,10 +146,11 @@ func (o *Orchestrator) validate(knownTools func(string) bool, hasRetriever bool)
 
 // Slots is the scheduler's bound on the episodes running at once, as an
 // orchestrator episode uses it: each sub-agent holds a slot of its backend
-// while it runs, and the orchestrator gives its own back while it waits on
-// its sub-agents (and takes one again after), so a parent waiting on its
-// children never holds a slot they need. Acquire is served before the
-// episodes still queued.
+// while it runs, and the orchestrator hands its own to its first sub-agent
+// while it waits on them (and takes one again after), so a parent waiting
+// on its children never holds a slot they need, and no queued episode
+// takes it in between. Acquire is served before the episodes still
+// queued.
 type Slots interface {
 	Acquire(ctx context.Context, backend string) error
 	Release(backend string)
@@ -318,16 +320,15 @@ func (s *Session) subagentTools() []string {
 
 // runSubagents runs a call's sub-agents, at most max_parallel at once,
 // each holding a slot of the scheduler (if any) while it runs; the
-// orchestrator's own slot is given back meanwhile. It returns their records
-// in the call's order.
+// orchestrator's own slot is handed to the first meanwhile. It returns
+// their records in the call's order.
 func (s *Session) runSubagents(ctx context.Context, stage, step int, tasks []subTask, allowed []string) []trajectory.Subagent {
 	slots := s.cfg.Subagents.Slots
-	if slots != nil {
-		slots.Release(s.backend)
-		// The orchestrator takes its slot back whatever happens: the
-		// scheduler counts it running until it ends.
-		defer slots.Acquire(context.WithoutCancel(ctx), s.backend)
-	}
+	// The orchestrator's own slot goes to the first sub-agent to start
+	// (never released in between, so no queued episode takes it first);
+	// the others take slots before any queued episode.
+	var inherited atomic.Bool
+	inherited.Store(slots != nil)
 	out := make([]trajectory.Subagent, len(tasks))
 	sem := make(chan struct{}, s.orch.o.MaxParallel)
 	var wg sync.WaitGroup
@@ -337,16 +338,21 @@ func (s *Session) runSubagents(ctx context.Context, stage, step int, tasks []sub
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			out[i] = s.runSubagent(ctx, stage, step, i, st, allowed, slots)
+			out[i] = s.runSubagent(ctx, stage, step, i, st, allowed, slots, inherited.CompareAndSwap(true, false))
 		}()
 	}
 	wg.Wait()
+	if slots != nil && !inherited.Load() {
+		// The orchestrator takes a slot back whatever happens: the
+		// scheduler counts it running until it ends.
+		slots.Acquire(context.WithoutCancel(ctx), s.backend)
+	}
 	return out
 }
 
 // runSubagent runs one sub-episode to its end and summarises it as the
 // orchestrator's record holds it.
-func (s *Session) runSubagent(ctx context.Context, stage, step, index int, st subTask, allowed []string, slots Slots) (sa trajectory.Subagent) {
+func (s *Session) runSubagent(ctx context.Context, stage, step, index int, st subTask, allowed []string, slots Slots, inherited bool) (sa trajectory.Subagent) {
 	id := fmt.Sprintf("%s.s%d-%d", s.cfg.EpisodeID, stage, index)
 	names := st.Tools
 	if len(names) == 0 {
@@ -358,11 +364,13 @@ func (s *Session) runSubagent(ctx context.Context, stage, step, index int, st su
 	sa = trajectory.Subagent{EpisodeID: id, Step: step, Stage: stage, Index: index, Prompt: st.Prompt, Tools: names}
 	start := time.Now()
 	defer func() { sa.DurationMS = ms(time.Since(start)) }()
-	if slots != nil {
+	if slots != nil && !inherited {
 		if err := slots.Acquire(ctx, s.backend); err != nil {
 			sa.End, sa.Message = trajectory.EndCancelled, "cancelled before it started: "+err.Error()
 			return sa
 		}
+	}
+	if slots != nil {
 		defer slots.Release(s.backend)
 	}
 	t := s.subTask(st.Prompt, names)

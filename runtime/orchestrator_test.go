@@ -24,7 +24,7 @@ func orchestratorTask(id string, sub *fakepolicy.Server) map[string]any {
 }
 
 // A service that runs one episode at a time still runs orchestrators with
-// three sub-agents each (a waiting orchestrator gives its slot back), two of
+// three sub-agents each (a waiting orchestrator hands its slot to a sub-agent), two of
 // them in one group: the records hold the tree, the reward is annealed at
 // the request's train_step, and the sub-agent policy is the frozen one.
 func TestTheServiceRunsOrchestratorsWithinOneSlotWithoutDeadlock(t *testing.T) {
