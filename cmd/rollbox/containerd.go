@@ -18,19 +18,11 @@ import (
 // openContainerd wires up the containerd backend, with the same guest agent
 // and process lease as openDocker.
 func openContainerd(ctx context.Context, progress io.Writer, cfg config) (sandbox.Backend, error) {
-	guest := cfg.guest
-	if guest == "" {
-		var err error
-		if guest, err = cfg.builder(progress).Build(ctx, guestTarget); err != nil {
-			return nil, err
-		}
-	}
-	l, err := lease.Acquire(cfg.leaseDir)
+	guest, l, err := guestAndLease(ctx, progress, cfg)
 	if err != nil {
 		return nil, err
 	}
-	b, err := containerd.New(ctx, containerd.Options{GuestPath: guest, Owner: cfg.dockerOwner(),
-		Labels: map[string]string{lease.LabelLease: l.Token(), lease.LabelHost: lease.Host()}})
+	b, err := containerd.New(ctx, containerd.Options{GuestPath: guest, Owner: cfg.dockerOwner(), Labels: leaseLabels(l)})
 	if err != nil {
 		l.Release()
 		return nil, err

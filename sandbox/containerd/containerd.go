@@ -104,12 +104,8 @@ type Backend struct {
 // ErrEngineUnavailable when containerd cannot be reached, with a one-line
 // hint; ErrInvalidSpec when GuestPath is missing.
 func New(ctx context.Context, opts Options) (*Backend, error) {
-	if opts.GuestPath == "" {
-		return nil, &sandbox.FieldError{Field: "containerd.guest", Message: "no guest agent binary given (images.Builder builds images/guest)"}
-	}
-	st, err := os.Stat(opts.GuestPath)
-	if err != nil || !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
-		return nil, &sandbox.FieldError{Field: "containerd.guest", Message: fmt.Sprintf("%s is not an executable file", opts.GuestPath)}
+	if err := guesthost.CheckGuest("containerd.guest", opts.GuestPath); err != nil {
+		return nil, err
 	}
 	if opts.Address == "" {
 		opts.Address = DefaultAddress

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -95,12 +94,8 @@ type Backend struct {
 // ErrEngineUnavailable when the engine cannot be reached, with a one-line
 // hint; ErrInvalidSpec when GuestPath is missing.
 func New(ctx context.Context, opts Options) (*Backend, error) {
-	if opts.GuestPath == "" {
-		return nil, &sandbox.FieldError{Field: "docker.guest", Message: "no guest agent binary given (images.Builder builds images/guest)"}
-	}
-	st, err := os.Stat(opts.GuestPath)
-	if err != nil || !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
-		return nil, &sandbox.FieldError{Field: "docker.guest", Message: fmt.Sprintf("%s is not an executable file", opts.GuestPath)}
+	if err := guesthost.CheckGuest("docker.guest", opts.GuestPath); err != nil {
+		return nil, err
 	}
 	if opts.Owner == "" {
 		opts.Owner = DefaultOwner
@@ -116,6 +111,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	}
 	b := &Backend{cli: opts.Client, opts: opts}
 	if b.cli == nil {
+		var err error
 		b.cli, err = NewClient()
 		if err != nil {
 			return nil, err
