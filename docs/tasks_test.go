@@ -193,6 +193,12 @@ func TestTheDocumentedLimitsAreTheCodes(t *testing.T) {
 			if strings.HasPrefix(path, "retriever.") {
 				setPath(obj, "retriever.index", "index")
 			}
+			if strings.HasPrefix(path, "orchestrator.") || parlField(path) {
+				setPath(obj, "orchestrator.subagent_policy", "scripted:sub.jsonl")
+			}
+			if parlField(path) {
+				obj["reward"] = map[string]any{"type": "parl", "perf": map[string]any{"type": "exact", "answer": "a"}}
+			}
 			setPath(obj, path, v)
 			b, _ := json.Marshal(obj)
 			_, err := parseTask(string(b), "")
@@ -283,4 +289,14 @@ func TestEveryRewardTypeAndToolIsDocumented(t *testing.T) {
 			}
 		}
 	}
+}
+
+// parlField reports whether path is a parl reward's own field.
+func parlField(path string) bool {
+	for _, f := range []string{"perf", "lambda_parallel", "lambda_finish", "anneal", "parallel_cap", "latency"} {
+		if strings.HasPrefix(path, "reward."+f) {
+			return true
+		}
+	}
+	return false
 }
