@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -69,7 +70,18 @@ env TMPDIR=%[1]s sh -c 'cat <(echo x) > /dev/null; echo pwned > %[1]s/file'; mkd
 // blocking a host thread) and checks the host's threads and temp dir.
 func (r *runner) fifoThreads(ctx context.Context) Probe {
 	tmp := os.TempDir()
-	before, t0 := hostTree(tmp), threads()
+	// The former interpreter's FIFOs lived in sh-interp-* directories of
+	// the host's temp dir: compare those names as sets (a walk of a busy
+	// host's whole /tmp compared line by line was quadratic).
+	interp := func() map[string]bool {
+		names, _ := filepath.Glob(filepath.Join(tmp, "sh-interp*"))
+		set := make(map[string]bool, len(names))
+		for _, n := range names {
+			set[n] = true
+		}
+		return set
+	}
+	before, t0 := interp(), threads()
 	start := time.Now()
 	res, err := r.sb.Exec(ctx, sandbox.ExecRequest{Shell: `n=0; for i in $(seq 2000); do eval 'cat <(echo hi) >/dev/null' && n=$((n+1)); done; echo $n`, Timeout: 120 * time.Second})
 	if err != nil {
@@ -88,11 +100,12 @@ func (r *runner) fifoThreads(ctx context.Context) Probe {
 		ev = append(ev, fmt.Sprintf("host threads %d -> %d", t0, t1))
 	}
 	var leftovers []string
-	for _, l := range strings.Split(hostTree(tmp), "\n") {
-		if !strings.Contains(before, l) && strings.Contains(l, "sh-interp") {
-			leftovers = append(leftovers, l)
+	for n := range interp() {
+		if !before[n] {
+			leftovers = append(leftovers, n)
 		}
 	}
+	sort.Strings(leftovers)
 	if len(leftovers) > 0 {
 		pass = false
 		ev = append(ev, "host FIFOs left: "+strings.Join(leftovers, ", "))

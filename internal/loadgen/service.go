@@ -24,9 +24,9 @@ type Service struct {
 	// HealthURL is its separate health responder's /healthz, when it was
 	// started with --health-addr.
 	HealthURL string
-	cmd    *exec.Cmd
-	logf   *os.File
-	waited chan error
+	cmd       *exec.Cmd
+	logf      *os.File
+	waited    chan error
 }
 
 var (
