@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
@@ -194,21 +195,8 @@ func newFakePolicyCmd(env *cliEnv) *cobra.Command {
 // startFakePolicy runs `rollbox fakepolicy` as a child process and returns
 // its base URL and how to stop it.
 func startFakePolicy(env *cliEnv, latency, jitter time.Duration, bashCalls int) (string, func(), error) {
-	cmd, err := env.command("fakepolicy", "--latency", latency.String(), "--jitter", jitter.String(), "--bash-calls", strconv.Itoa(bashCalls))
+	cmd, in, out, err := startChild(env, "fakepolicy", "--latency", latency.String(), "--jitter", jitter.String(), "--bash-calls", strconv.Itoa(bashCalls))
 	if err != nil {
-		return "", nil, err
-	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		return "", nil, err
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return "", nil, err
-	}
-	if err := cmd.Start(); err != nil {
 		return "", nil, err
 	}
 	stop := func() {
@@ -244,4 +232,27 @@ func startFakePolicy(env *cliEnv, latency, jitter time.Duration, bashCalls int) 
 	}
 	stop()
 	return "", nil, fmt.Errorf("the fake policy (%s fakepolicy) did not start", cmd.Path)
+}
+
+// startChild starts a hidden rollbox command as a child that dies with this
+// process, its stderr ours, and returns its stdin and stdout.
+func startChild(env *cliEnv, args ...string) (*exec.Cmd, io.WriteCloser, io.ReadCloser, error) {
+	cmd, err := env.command(args...)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // and its stdin closes when we go
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, nil, err
+	}
+	return cmd, in, out, nil
 }

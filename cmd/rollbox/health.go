@@ -11,7 +11,6 @@ import (
 	"os"
 	"regexp"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -97,21 +96,8 @@ var healthListeningRe = regexp.MustCompile(`health listening on (http://\S+)`)
 // unresponsive when no snapshot came for stale. It returns the responder's
 // URL.
 func startHealthResponder(env *cliEnv, addr string, stale time.Duration, srv *runtime.Server, log *slog.Logger) (url string, stop func(), err error) {
-	cmd, err := env.command("healthd", "--addr", addr, "--stale", stale.String())
+	cmd, in, out, err := startChild(env, "healthd", "--addr", addr, "--stale", stale.String())
 	if err != nil {
-		return "", nil, err
-	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // and its stdin closes when we go
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		return "", nil, err
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return "", nil, err
-	}
-	if err := cmd.Start(); err != nil {
 		return "", nil, err
 	}
 	first := make(chan string, 1)
