@@ -220,14 +220,7 @@ seals the end of the one before it, so a cut or edited end is found too.`,
 		if errors.As(err, &fe) {
 			bad = fe.Path
 		}
-		var total auditlog.Summary
-		for _, s := range sums {
-			total.Lines += s.Lines
-			total.Sandbox += s.Sandbox
-			total.Execs += s.Execs
-			total.Writes += s.Writes
-			total.Episodes += s.Episodes
-		}
+		total := auditlog.Total(sums)
 		last := auditlog.Summary{}
 		if len(sums) > 0 {
 			last = sums[len(sums)-1]

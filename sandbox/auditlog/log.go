@@ -10,8 +10,10 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -456,6 +458,9 @@ type Summary struct {
 	Execs    int
 	Writes   int
 	Episodes int
+	// EpisodeIDs are the episodes named, sorted (Episodes of them): a
+	// total over rotated files counts an episode once (Total).
+	EpisodeIDs []string
 	// LastSeq is the last line's sequence number.
 	LastSeq uint64
 	// Rotated is the first line's description of the log this one
@@ -534,7 +539,34 @@ func Verify(r io.Reader) (Summary, error) {
 		}
 	}
 	s.Episodes = len(episodes)
+	s.EpisodeIDs = slices.Sorted(maps.Keys(episodes))
 	return s, nil
+}
+
+// Total sums the summaries of a log's files, oldest first (VerifyFiles'
+// answer): counts added up, an episode whose records span a rotation
+// counted once, First from the oldest and Last, Head and LastSeq from the
+// newest.
+func Total(sums []Summary) Summary {
+	var t Summary
+	if len(sums) == 0 {
+		return t
+	}
+	episodes := map[string]bool{}
+	for _, s := range sums {
+		t.Lines += s.Lines
+		t.Sandbox += s.Sandbox
+		t.Execs += s.Execs
+		t.Writes += s.Writes
+		for _, id := range s.EpisodeIDs {
+			episodes[id] = true
+		}
+	}
+	first, last := sums[0], sums[len(sums)-1]
+	t.First, t.Rotated = first.First, first.Rotated
+	t.Last, t.Head, t.LastSeq = last.Last, last.Head, last.LastSeq
+	t.Episodes, t.EpisodeIDs = len(episodes), slices.Sorted(maps.Keys(episodes))
+	return t
 }
 
 // VerifyFiles verifies a log and the files it rotated away, given oldest

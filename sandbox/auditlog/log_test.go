@@ -344,3 +344,37 @@ func TestARotatedLogKeepsOnlyItsLastFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// An episode whose records span a rotation is one episode in the total of
+// the files, not one per file.
+func TestAnEpisodeAcrossARotationIsCountedOnce(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "audit.jsonl")
+	l, err := auditlog.Open(path, auditlog.Options{Sync: auditlog.SyncNone, MaxBytes: 1 << 10, Keep: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for j := range 40 {
+		if err := l.Append(auditlog.Record{Op: auditlog.OpExec, Episode: fmt.Sprintf("ep-%d", j%3), Shell: fmt.Sprintf("cmd-%d", j)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l.Close()
+	ents, _ := os.ReadDir(dir)
+	files := []string{}
+	for n := len(ents) - 1; n >= 1; n-- { // oldest first
+		files = append(files, fmt.Sprintf("%s.%d", path, n))
+	}
+	files = append(files, path)
+	if len(files) < 3 {
+		t.Fatalf("%d files: the records did not rotate", len(files))
+	}
+	sums, err := auditlog.VerifyFiles(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := auditlog.Total(sums)
+	if total.Episodes != 3 || total.Execs != 40 || total.Head != sums[len(sums)-1].Head || !total.First.Equal(sums[0].First) {
+		t.Fatalf("total of %d files: %d episodes (want 3), %d execs (want 40), head %q first %v", len(files), total.Episodes, total.Execs, total.Head, total.First)
+	}
+}
