@@ -221,31 +221,26 @@ seals the end of the one before it, so a cut or edited end is found too.`,
 			bad = fe.Path
 		}
 		total := auditlog.Total(sums)
-		last := auditlog.Summary{}
-		if len(sums) > 0 {
-			last = sums[len(sums)-1]
-		}
 		if *asJSON {
 			name := pos[len(pos)-1]
 			if bad != "" {
 				name = bad
 			}
-			out := map[string]any{"file": name, "ok": err == nil, "lines": total.Lines, "head": last.Head}
+			out := map[string]any{"file": name, "ok": err == nil, "lines": total.Lines, "head": total.Head}
 			if len(pos) > 1 {
 				out["files"] = pos
 			}
 			if ve != nil {
 				out["bad_line"], out["reason"] = ve.Line, ve.Reason
 			} else {
-				out["sandboxes"], out["execs"], out["writes"], out["episodes"] = total.Sandbox, total.Execs, total.Writes, total.Episodes
+				out["sandboxes"], out["execs"], out["writes"], out["episodes"] = total.Sandbox, total.Execs, total.Writes, len(total.EpisodeIDs)
 			}
 			b, _ := json.MarshalIndent(out, "", "  ")
 			fmt.Fprintln(env.stdout, string(b))
 		} else if ve == nil {
-			first := sums[0]
 			fmt.Fprintf(env.stdout, "%s: ok: %d lines (%d sandboxes, %d execs, %d writes, %d episodes) from %s to %s; head %s\n",
-				strings.Join(pos, " "), total.Lines, total.Sandbox, total.Execs, total.Writes, total.Episodes,
-				first.First.Format("2006-01-02T15:04:05Z"), last.Last.Format("2006-01-02T15:04:05Z"), orDash(last.Head))
+				strings.Join(pos, " "), total.Lines, total.Sandbox, total.Execs, total.Writes, len(total.EpisodeIDs),
+				total.First.Format("2006-01-02T15:04:05Z"), total.Last.Format("2006-01-02T15:04:05Z"), orDash(total.Head))
 		}
 		if ve != nil {
 			fmt.Fprintf(env.stderr, "rollbox audit verify-log: %s: %v (the %d lines before it verify)\n", bad, ve, sums[len(sums)-1].Lines)

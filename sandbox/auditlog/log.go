@@ -450,16 +450,15 @@ func (e *VerifyError) Error() string { return fmt.Sprintf("line %d: %s", e.Line,
 
 // Summary describes a log that verified.
 type Summary struct {
-	Lines    int
-	Head     string // the last line's hash: keep it elsewhere to detect a truncation later
-	First    time.Time
-	Last     time.Time
-	Sandbox  int // sandboxes created
-	Execs    int
-	Writes   int
-	Episodes int
-	// EpisodeIDs are the episodes named, sorted (Episodes of them): a
-	// total over rotated files counts an episode once (Total).
+	Lines   int
+	Head    string // the last line's hash: keep it elsewhere to detect a truncation later
+	First   time.Time
+	Last    time.Time
+	Sandbox int // sandboxes created
+	Execs   int
+	Writes  int
+	// EpisodeIDs are the episodes named, sorted: a total over rotated
+	// files counts an episode once (Total).
 	EpisodeIDs []string
 	// LastSeq is the last line's sequence number.
 	LastSeq uint64
@@ -538,7 +537,6 @@ func Verify(r io.Reader) (Summary, error) {
 			break
 		}
 	}
-	s.Episodes = len(episodes)
 	s.EpisodeIDs = slices.Sorted(maps.Keys(episodes))
 	return s, nil
 }
@@ -565,7 +563,7 @@ func Total(sums []Summary) Summary {
 	first, last := sums[0], sums[len(sums)-1]
 	t.First, t.Rotated = first.First, first.Rotated
 	t.Last, t.Head, t.LastSeq = last.Last, last.Head, last.LastSeq
-	t.Episodes, t.EpisodeIDs = len(episodes), slices.Sorted(maps.Keys(episodes))
+	t.EpisodeIDs = slices.Sorted(maps.Keys(episodes))
 	return t
 }
 

@@ -105,7 +105,7 @@ func TestEverySandboxCallIsRecordedAndChained(t *testing.T) {
 		t.Errorf("failing exec record %v", e)
 	}
 	s, err := verify(path)
-	if err != nil || s.Lines != 6 || s.Execs != 3 || s.Writes != 1 || s.Episodes != 1 {
+	if err != nil || s.Lines != 6 || s.Execs != 3 || s.Writes != 1 || len(s.EpisodeIDs) != 1 {
 		t.Fatalf("verify: %+v %v", s, err)
 	}
 	if recs[0]["prev"] != auditlog.Genesis {
@@ -281,11 +281,7 @@ func TestARotatedLogKeepsEveryLineAndSealsTheFilesItRotated(t *testing.T) {
 	}
 	wg.Wait()
 	ents, _ := os.ReadDir(dir)
-	files := []string{}
-	for n := len(ents) - 1; n >= 1; n-- { // oldest first
-		files = append(files, fmt.Sprintf("%s.%d", path, n))
-	}
-	files = append(files, path)
+	files := rotatedFiles(path, len(ents))
 	if len(files) < 10 {
 		t.Fatalf("%d files for %d lines of 4 KB logs: %v", len(files), writers*each, ents)
 	}
@@ -361,11 +357,7 @@ func TestAnEpisodeAcrossARotationIsCountedOnce(t *testing.T) {
 	}
 	l.Close()
 	ents, _ := os.ReadDir(dir)
-	files := []string{}
-	for n := len(ents) - 1; n >= 1; n-- { // oldest first
-		files = append(files, fmt.Sprintf("%s.%d", path, n))
-	}
-	files = append(files, path)
+	files := rotatedFiles(path, len(ents))
 	if len(files) < 3 {
 		t.Fatalf("%d files: the records did not rotate", len(files))
 	}
@@ -374,7 +366,17 @@ func TestAnEpisodeAcrossARotationIsCountedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	total := auditlog.Total(sums)
-	if total.Episodes != 3 || total.Execs != 40 || total.Head != sums[len(sums)-1].Head || !total.First.Equal(sums[0].First) {
-		t.Fatalf("total of %d files: %d episodes (want 3), %d execs (want 40), head %q first %v", len(files), total.Episodes, total.Execs, total.Head, total.First)
+	if len(total.EpisodeIDs) != 3 || total.Execs != 40 || total.Head != sums[len(sums)-1].Head || !total.First.Equal(sums[0].First) {
+		t.Fatalf("total of %d files: %d episodes (want 3), %d execs (want 40), head %q first %v", len(files), len(total.EpisodeIDs), total.Execs, total.Head, total.First)
 	}
+}
+
+// rotatedFiles names a log at path and its n-1 rotated files, oldest first
+// (PATH.n-1 ... PATH.1 PATH), as VerifyFiles takes them.
+func rotatedFiles(path string, n int) []string {
+	var files []string
+	for i := n - 1; i >= 1; i-- {
+		files = append(files, fmt.Sprintf("%s.%d", path, i))
+	}
+	return append(files, path)
 }
