@@ -466,6 +466,11 @@ func TestImportsAreBoundedAndRefuseWhatTheyCannotTake(t *testing.T) {
 			}
 			break
 		}
+		select {
+		case first := <-done:
+			t.Fatalf("the first import ended with %d before its body did (a second got %d)", first, code)
+		default:
+		}
 		if time.Now().After(deadline) {
 			t.Fatalf("a second import was not refused while the first ran: %d", code)
 		}
