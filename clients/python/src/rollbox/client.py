@@ -516,6 +516,38 @@ class AsyncClient:
     async def fork(self, episode_id: str, n: int) -> list[str]:
         return await self._call(self.sync.fork, episode_id, n)
 
+    async def openapi(self) -> dict[str, Any]:
+        return await self._call(self.sync.openapi)
+
+    async def metrics(self) -> str:
+        return await self._call(self.sync.metrics)
+
+    def rollout(self, rollout_id: str) -> Rollout:
+        """A handle on an existing rollout (nothing is asked of the service; its methods block, as :meth:`submit`'s do)."""
+        return self.sync.rollout(rollout_id)
+
+    async def rollouts(self) -> list[dict[str, Any]]:
+        return await self._call(self.sync.rollouts)
+
+    async def episode(self, episode_id: str) -> dict[str, Any]:
+        return await self._call(self.sync.episode, episode_id)
+
+    async def import_episodes(self, episodes: Iterable[Mapping[str, Any]] | bytes, *, source: str | None = None,
+                              policy_version: str | None = None, group_by: str | None = None) -> dict[str, Any]:
+        """See :meth:`Client.import_episodes`."""
+        if not isinstance(episodes, bytes):
+            episodes = list(episodes)
+        return await self._call(self.sync.import_episodes, episodes, source=source,
+                                policy_version=policy_version, group_by=group_by)
+
+    async def add_outcomes(self, episode_id: str, signals: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+        """See :meth:`Client.add_outcomes`."""
+        return await self._call(self.sync.add_outcomes, episode_id, list(signals))
+
+    async def export_episodes(self, path: str | os.PathLike[str], **kw: Any) -> Path:
+        """See :meth:`Client.export_episodes`."""
+        return await self._call(self.sync.export_episodes, path, **kw)
+
     async def health(self) -> dict[str, Any]:
         return await self._call(self.sync.health)
 
@@ -561,3 +593,14 @@ class AsyncClient:
             if g is sentinel:
                 return
             yield g  # type: ignore[misc]
+
+    async def segments(self, rollout_id: str) -> AsyncIterator[Segment]:
+        """The rollout's token segments, as an async iterator (see :meth:`Client.segments`;
+        :class:`TokenDataUnavailable` is raised before the first segment)."""
+        it = await self._call(self.sync.segments, rollout_id)
+        sentinel = object()
+        while True:
+            seg = await self._call(next, it, sentinel)
+            if seg is sentinel:
+                return
+            yield seg  # type: ignore[misc]
