@@ -1,0 +1,261 @@
+// Package cluster is the wire protocol between a coordinator (`rollbox
+// serve --cluster nats://HOST:PORT`) and its workers (`rollbox worker
+// --cluster nats://HOST:PORT --backend B --slots N`), over NATS JetStream.
+//
+// # Flow
+//
+//  1. Dispatch. The coordinator admits a rollout as on one host (validation,
+//     the store, the scheduler's fair order); instead of running an episode
+//     it publishes a WorkItem on the work-queue stream WorkStream, subject
+//     WorkSubject(backend, episode) (msg id: the episode id). Each backend
+//     has one durable pull consumer, WorkConsumer(backend), shared by every
+//     worker of that backend (a work-queue stream allows one consumer per
+//     subject); each worker fetches at most its free slots, so it never holds
+//     more than --slots items unacknowledged.
+//  2. Claim. Before it runs an item a worker asks the coordinator (core
+//     request on ClaimSubject, a Claim) and gets a ClaimReply: run (with the
+//     attempt number the journal must carry) or skip (the episode has ended
+//     already, e.g. a duplicate after a restart; the worker acks the item and
+//     drops it). A redelivered item (its worker died) is decided here: the
+//     failed attempt is kept as an infrastructure attempt when it never asked
+//     the policy anything, else the episode ends interrupted (or runs again
+//     when the rollout says retry_interrupted).
+//  3. Journal. The worker runs the episode with the same engine as one host
+//     and publishes every journal line (the trajectory's own append-only
+//     journal: header, sandbox, steps, events, end) as it is written, in
+//     order, on JournalSubject(episode) of the work-queue stream
+//     JournalStream, with the headers below (KindLine). Before the episode's
+//     first policy call it publishes KindAsked and waits for JetStream's ack.
+//     The coordinator's one durable consumer CoordinatorConsumer appends the
+//     lines to the episode's journal in its data directory, dropping lines of
+//     any attempt but the current one and lines it has already (by
+//     HeaderSeq).
+//  4. Done and store. When the episode has ended the worker publishes
+//     KindDone (a Done body). The coordinator finalises the journal into the
+//     episode's record, indexes it (group statistics, the stream, export as
+//     on one host) and only then answers on StoredSubject(worker) with a
+//     Stored; the worker acks the work item on Stored (Action "ack"), or
+//     naks it for a redelivery when the coordinator keeps the attempt as an
+//     infrastructure failure and retries it (Action "retry"). A worker that
+//     hears nothing within a few seconds publishes its Done again: the
+//     coordinator is idempotent by episode id and attempt.
+//  5. Heartbeats. Every worker publishes a Heartbeat on
+//     HeartbeatSubject(worker) every interval (core NATS), listing what it
+//     runs with each item's ack subject. A worker unheard for
+//     MissedHeartbeats intervals is lost: the coordinator naks its items for
+//     an immediate redelivery (or ends them interrupted, see 2). The
+//     coordinator lists the live workers at GET /v1/workers.
+//  6. Cancel. DELETE /v1/rollouts/{id} publishes a Cancel on CancelSubject;
+//     workers stop that rollout's episodes, which end cancelled and are
+//     journaled back as usual.
+//
+// Everything published on a stream is durable once JetStream acks it;
+// core NATS messages (claims, heartbeats, stored, cancel) are retried by
+// their sender or rebuilt from the streams.
+package cluster
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"time"
+
+	"github.com/rollbox/rollbox/agent/trajectory"
+)
+
+// Streams, consumers and subjects.
+const (
+	// WorkStream holds work items until a worker acks them (work-queue
+	// retention): subjects WorkSubjectPrefix + backend + "." + token.
+	WorkStream        = "ROLLBOX_WORK"
+	WorkSubjectPrefix = "rollbox.work."
+	// JournalStream holds journal messages until the coordinator acks them
+	// (work-queue retention): subjects JournalSubjectPrefix + token.
+	JournalStream        = "ROLLBOX_JOURNAL"
+	JournalSubjectPrefix = "rollbox.journal."
+	// CoordinatorConsumer is the coordinator's durable consumer of
+	// JournalStream.
+	CoordinatorConsumer = "coordinator"
+
+	// ClaimSubject takes a Claim (core request/reply, queue group
+	// CoordinatorQueue) and answers a ClaimReply.
+	ClaimSubject = "rollbox.claim"
+	// CoordinatorQueue is the queue group of the coordinator's core
+	// subscriptions.
+	CoordinatorQueue = "rollbox-coordinator"
+	// HeartbeatSubjectPrefix + worker id: a Heartbeat (core).
+	HeartbeatSubjectPrefix = "rollbox.heartbeat."
+	// StoredSubjectPrefix + worker id: a Stored (core), coordinator to worker.
+	StoredSubjectPrefix = "rollbox.stored."
+	// CancelSubject: a Cancel (core), coordinator to every worker.
+	CancelSubject = "rollbox.cancel"
+)
+
+// Journal message headers (every message on JournalStream carries them).
+const (
+	HeaderEpisode = "Rollbox-Episode"
+	HeaderRollout = "Rollbox-Rollout"
+	HeaderWorker  = "Rollbox-Worker"
+	// HeaderAttempt is the attempt number the claim gave.
+	HeaderAttempt = "Rollbox-Attempt"
+	// HeaderKind is KindLine, KindAsked or KindDone.
+	HeaderKind = "Rollbox-Kind"
+	// HeaderSeq numbers an attempt's journal lines from 0 (KindLine only).
+	HeaderSeq = "Rollbox-Seq"
+)
+
+// Journal message kinds.
+const (
+	// KindLine: the body is one journal line, as trajectory.Writer writes it.
+	KindLine = "line"
+	// KindAsked: the episode is about to ask the policy for the first time
+	// (empty body). From then on a lost attempt is not re-run silently.
+	KindAsked = "asked"
+	// KindDone: the attempt ended; the body is a Done.
+	KindDone = "done"
+)
+
+// Claim decisions and stored actions.
+const (
+	DecisionRun  = "run"
+	DecisionSkip = "skip"
+	// DecisionWait: the coordinator cannot decide yet (it is starting);
+	// nak the item with a delay.
+	DecisionWait = "wait"
+
+	ActionAck   = "ack"
+	ActionRetry = "retry"
+)
+
+// MissedHeartbeats is how many heartbeat intervals a worker may stay
+// unheard before the coordinator takes it for lost.
+const MissedHeartbeats = 3
+
+// DefaultHeartbeat is the default heartbeat interval.
+const DefaultHeartbeat = time.Second
+
+// Token encodes an episode id as one subject token (base64url, unpadded):
+// episode ids hold dots and whatever a task id holds.
+func Token(episodeID string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(episodeID))
+}
+
+// WorkSubject is the subject of an episode's work item.
+func WorkSubject(backend, episodeID string) string {
+	return WorkSubjectPrefix + backend + "." + Token(episodeID)
+}
+
+// WorkFilter is what a backend's consumer takes.
+func WorkFilter(backend string) string { return WorkSubjectPrefix + backend + ".>" }
+
+// WorkConsumer names a backend's durable consumer of WorkStream.
+func WorkConsumer(backend string) string { return "work-" + backend }
+
+// JournalSubject is the subject of an episode's journal messages.
+func JournalSubject(episodeID string) string { return JournalSubjectPrefix + Token(episodeID) }
+
+// HeartbeatSubject is where a worker announces itself.
+func HeartbeatSubject(worker string) string { return HeartbeatSubjectPrefix + worker }
+
+// StoredSubject is where the coordinator tells a worker an attempt is stored.
+func StoredSubject(worker string) string { return StoredSubjectPrefix + worker }
+
+// WorkItem is one admitted episode to run.
+type WorkItem struct {
+	EpisodeID  string `json:"episode_id"`
+	RolloutID  string `json:"rollout_id"`
+	GroupID    string `json:"group_id"`
+	GroupIndex int    `json:"group_index"`
+	TaskIndex  int    `json:"task_index"`
+	// Task is the task as run (defaults and overrides applied).
+	Task json.RawMessage `json:"task"`
+	// Backend is the sandbox backend the task runs on.
+	Backend string `json:"backend"`
+	Policy  Policy `json:"policy"`
+	// TrainStep is the rollout's train_step.
+	TrainStep int64 `json:"train_step,omitempty"`
+}
+
+// Policy is the rollout's policy as the worker calls it. The API key is
+// the worker's own (its environment), never sent on the wire.
+type Policy struct {
+	BaseURL     string          `json:"base_url"`
+	Model       string          `json:"model"`
+	Mode        string          `json:"mode,omitempty"`
+	TokenizeURL string          `json:"tokenize_url,omitempty"`
+	Sampling    json.RawMessage `json:"sampling,omitempty"`
+	// MaxRetries is the client's retries (-1: none; 0: the default).
+	MaxRetries int     `json:"max_retries,omitempty"`
+	TimeoutS   float64 `json:"timeout_s,omitempty"`
+	// MaxConcurrency is the rollout's own cap on policy calls in flight,
+	// applied per worker (0: none).
+	MaxConcurrency int `json:"max_concurrency,omitempty"`
+	// Info is what the trajectory records of the policy.
+	Info trajectory.Policy `json:"info"`
+}
+
+// Claim asks whether a delivered work item may run.
+type Claim struct {
+	EpisodeID string `json:"episode_id"`
+	Worker    string `json:"worker"`
+	// Delivery is JetStream's delivery count of the item (1: first).
+	Delivery uint64 `json:"delivery"`
+	// AckSubject is the item's reply subject: the coordinator may nak or
+	// terminate it itself when the worker is lost.
+	AckSubject string `json:"ack_subject"`
+}
+
+// ClaimReply answers a Claim.
+type ClaimReply struct {
+	Decision string `json:"decision"`
+	Attempt  int    `json:"attempt,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+}
+
+// Done ends an attempt (the body of a KindDone journal message).
+type Done struct {
+	// InfraFailure is set when the episode's open failed for the
+	// infrastructure's sake before the policy was asked anything
+	// (agent.OpenError.Infra): the coordinator may retry it.
+	InfraFailure bool `json:"infra_failure,omitempty"`
+	// Error is what failed, when something did.
+	Error string `json:"error,omitempty"`
+}
+
+// Stored tells a worker the coordinator holds an attempt's outcome.
+type Stored struct {
+	EpisodeID string `json:"episode_id"`
+	Attempt   int    `json:"attempt"`
+	// Action is ActionAck (the record is stored: ack the item) or
+	// ActionRetry (kept as an infrastructure attempt: nak it).
+	Action string `json:"action"`
+}
+
+// Heartbeat announces a worker.
+type Heartbeat struct {
+	ID       string   `json:"id"`
+	Host     string   `json:"host"`
+	Backends []string `json:"backends"`
+	Slots    int      `json:"slots"`
+	Running  int      `json:"running"`
+	// Interval is the worker's heartbeat interval.
+	Interval time.Duration `json:"interval"`
+	// Episodes are the attempts it runs.
+	Episodes []Running `json:"episodes,omitempty"`
+	// Leaving is set by a worker that stops cleanly (its items are nak'ed).
+	Leaving bool `json:"leaving,omitempty"`
+}
+
+// Running is one attempt a worker runs.
+type Running struct {
+	EpisodeID  string `json:"episode_id"`
+	Attempt    int    `json:"attempt"`
+	AckSubject string `json:"ack_subject"`
+	Asked      bool   `json:"asked,omitempty"`
+}
+
+// Cancel stops a rollout's episodes on every worker.
+type Cancel struct {
+	RolloutID string `json:"rollout_id"`
+	Reason    string `json:"reason"`
+	Message   string `json:"message,omitempty"`
+}
