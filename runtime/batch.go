@@ -74,7 +74,8 @@ type Summary struct {
 	Scored  int    `json:"scored"`
 	// RewardMean and PassRate are over the scored episodes: null when none
 	// was scored (every one ended policy_error, sandbox_error, ...), never
-	// a 0 that reads as the model's.
+	// a 0 that reads as the model's. A pass is Reward.Passed: the task's
+	// outcome reached 1 (for parl, r_perf, not the shaped total).
 	RewardMean *float64                `json:"reward_mean"`
 	PassRate   *float64                `json:"pass_rate"`
 	Tasks      map[string]*TaskSummary `json:"tasks"`
@@ -411,7 +412,7 @@ func Summarize(rolloutID string, ts []*trajectory.Trajectory) *Summary {
 			ts.Scored++
 			all.reward += v
 			perTask[t.TaskID].reward += v
-			if v >= 1 {
+			if t.Reward.Passed() {
 				all.pass++
 				perTask[t.TaskID].pass++
 			}

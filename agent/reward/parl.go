@@ -167,7 +167,7 @@ func parl(ctx context.Context, s Spec, in Input) (*trajectory.Reward, error) {
 		r.Details = append(r.Details, fmt.Sprintf("perf is unscored (%s): the parl reward is unscored", perf.ErrorKind))
 		return r, nil
 	}
-	c["r_perf"] = v
+	c[trajectory.PerfComponent] = v
 	total := v + lp*rParallel + lf*rFinish - latency
 	r.Total = trajectory.Score(round12(total))
 	return r, nil

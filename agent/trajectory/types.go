@@ -532,6 +532,27 @@ func (r *Reward) Value() (float64, bool) {
 	return *r.Total, true
 }
 
+// PerfComponent is the component a shaped reward (parl) records its task
+// outcome in, apart from the shaping terms added to the total.
+const PerfComponent = "r_perf"
+
+// Passed says whether a scored reward is a pass: its task outcome reached
+// 1. That is the total, except for a shaped reward whose total also holds
+// terms that are not the task's outcome (parl's λ_parallel·r_parallel +
+// λ_finish·r_finish − latency): there it is the PerfComponent, so neither
+// a wrong answer lifted to 1 by auxiliary terms counts as a pass nor a
+// right one pulled under 1 by a latency term fails to. Unscored: false.
+func (r *Reward) Passed() bool {
+	v, ok := r.Value()
+	if !ok {
+		return false
+	}
+	if perf, shaped := r.Components[PerfComponent]; shaped {
+		v = perf
+	}
+	return v >= 1
+}
+
 // Unscored returns a reward without a total, for kind (RewardErrorKinds),
 // with the components computed so far (may be nil) and why.
 func Unscored(kind string, components map[string]float64, why string) *Reward {
