@@ -650,3 +650,66 @@ func TestARecordWrittenButNeverIndexedIsRemovedAtTheNextStart(t *testing.T) {
 		t.Errorf("recovery: %+v", s2.rec)
 	}
 }
+
+// Imported production episodes are read by the same reward-hacking monitors
+// as the episodes Rollbox ran, computed from their record at import (a
+// rollbox trajectory's own monitors are not trusted: they are recomputed),
+// and counted in the metrics and the export's group statistics.
+func TestImportedEpisodesGetTheirMonitors(t *testing.T) {
+	s := startService(t, "")
+	call := func(id string) map[string]any {
+		return map[string]any{"role": "assistant", "content": nil, "tool_calls": []any{map[string]any{"id": id, "type": "function",
+			"function": map[string]any{"name": "read_file", "arguments": `{"path":"main.go"}`}}}}
+	}
+	repeats := map[string]any{"id": "mon-chat", "policy_version": "v1", "model": "m", "messages": []any{
+		map[string]any{"role": "user", "content": "Fix main.go"},
+		call("c1"), map[string]any{"role": "tool", "tool_call_id": "c1", "content": "package main\n"},
+		call("c2"), map[string]any{"role": "tool", "tool_call_id": "c2", "content": "package main\n"},
+		call("c3"), map[string]any{"role": "tool", "tool_call_id": "c3", "content": "package main\n"},
+		map[string]any{"role": "assistant", "content": "Done."},
+	}}
+	now := time.Now().UTC()
+	zero := 0
+	forged := trajectory.Trajectory{Schema: trajectory.Schema, EpisodeID: "mon-traj", RolloutID: "r1", GroupID: "r1.fix", TaskID: "fix",
+		Task: json.RawMessage(`{"id":"fix","prompt":"Fix it"}`), StartedAt: now, EndedAt: &now,
+		Sandbox: trajectory.Sandbox{Backend: "docker", Image: "python"}, Policy: trajectory.Policy{Kind: "openai", Model: "m"},
+		Steps: []trajectory.Step{
+			{Type: trajectory.StepModel, PolicyVersion: "v1", ToolCalls: []trajectory.ToolCall{{ID: "a", Name: "bash", Arguments: `{"command":"ls"}`}}},
+			{Index: 1, Type: trajectory.StepTool, Name: "bash", CallID: "a", ExitCode: &zero, Output: "x\n"},
+			{Index: 2, Type: trajectory.StepModel, PolicyVersion: "v1", ToolCalls: []trajectory.ToolCall{{ID: "b", Name: "bash", Arguments: `{"command":"ls"}`}}},
+			{Index: 3, Type: trajectory.StepTool, Name: "bash", CallID: "b", ExitCode: &zero, Output: "x\n"},
+		},
+		ContextEvents: []trajectory.ContextEvent{}, Termination: &trajectory.Termination{Reason: trajectory.EndFinished, Step: 3},
+		Monitors: &trajectory.Monitors{RepeatedCalls: &zero}, // forged: the record repeats a call
+		Stats:    trajectory.Stats{Turns: 2, ToolCalls: 2, ToolErrors: map[string]int{}, PolicyVersions: map[string]int{"v1": 2}}}
+	code, res, ae := s.importNDJSON("?source=mon", strings.NewReader(ndjson(repeats, forged)))
+	if code != 200 || res.Accepted != 2 {
+		t.Fatalf("%d %+v %+v", code, res, ae)
+	}
+	for i, want := range []int{2, 1} {
+		var tr trajectory.Trajectory
+		s.do("GET", "/v1/episodes/"+res.Episodes[i].ID, nil, &tr)
+		if tr.Monitors == nil || tr.Monitors.RepeatedCalls == nil || *tr.Monitors.RepeatedCalls != want {
+			t.Errorf("%s: monitors %+v, want repeated_calls %d", res.Episodes[i].ID, tr.Monitors, want)
+		}
+	}
+	resp, err := http.Get(s.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(metrics), `rollbox_monitor_episodes_total{monitor="repeated_calls"} 2`) {
+		t.Errorf("metrics count no imported episode's monitor:\n%s", grepLines(string(metrics), "rollbox_monitor"))
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}

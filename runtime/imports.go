@@ -16,6 +16,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/rollbox/rollbox/agent/monitor"
 	"github.com/rollbox/rollbox/agent/trajectory"
 )
 
@@ -364,6 +365,9 @@ func (s *Server) storeImported(chunk []*importedEpisode, o *importOptions, res *
 		if t.Stats.ToolErrors == nil || t.Import.Format == FormatOpenAI {
 			t.Stats = trajectory.StatsOf(t)
 		}
+		// The same monitors as an episode run here, from the record: an
+		// imported trajectory's own are the sender's word, not a reading.
+		t.Monitors = monitor.Compute(t, nil)
 		ended := t.Import.ImportedAt
 		if t.EndedAt != nil {
 			ended = *t.EndedAt
@@ -376,6 +380,7 @@ func (s *Server) storeImported(chunk []*importedEpisode, o *importOptions, res *
 		if len(t.Stats.ToolErrors) > 0 {
 			recs[i].ToolErrors = t.Stats.ToolErrors
 		}
+		recs[i].Monitors = t.Monitors.Triggered()
 		ts[i] = t
 	}
 	for i, err := range trajectory.WriteFiles(s.st.episodesDir, ts) {
@@ -413,6 +418,11 @@ func (s *Server) storeImported(chunk []*importedEpisode, o *importOptions, res *
 	}
 	res.Accepted += len(fresh)
 	s.metrics.Imported.Add(float64(len(fresh)))
+	for _, t := range ts {
+		for _, name := range t.Monitors.Triggered() {
+			s.metrics.Monitors.WithLabelValues(name).Inc()
+		}
+	}
 	return nil
 }
 
