@@ -457,9 +457,12 @@ func TestImportsAreBoundedAndRefuseWhatTheyCannotTake(t *testing.T) {
 		done <- code
 	}()
 	pw.Write([]byte(ndjson(chatEpisode("slow-1", "q", "v1", false))))
+	// Until the first holds the slot, a probe is taken (the request may not
+	// have reached the handler yet): each probe has its own id, so none is
+	// the episode imported below once the first has ended.
 	deadline := time.Now().Add(10 * time.Second)
-	for {
-		code, _, ae := s.importNDJSON("", strings.NewReader(ndjson(chatEpisode("fast-1", "q", "v1", false))))
+	for probe := 0; ; probe++ {
+		code, _, ae := s.importNDJSON("", strings.NewReader(ndjson(chatEpisode(fmt.Sprintf("probe-%d", probe), "q", "v1", false))))
 		if code == 429 {
 			if ae.Error.Code != "overloaded" {
 				t.Errorf("429 body: %+v", ae)
