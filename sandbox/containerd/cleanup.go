@@ -3,13 +3,16 @@ package containerd
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/leases"
+	"golang.org/x/sys/unix"
 )
 
 // Candidate is a container CleanupWhere asks about.
@@ -22,8 +25,9 @@ type Candidate struct {
 
 // CleanupWhere removes every container in cli's namespace carrying an
 // owner label (any owner) for which orphan says yes — its task, the
-// container, its snapshots, its lease, and the tmpfs a fork child had under
-// stateDir ("" for the default) — and returns the ids it removed. Then it
+// container, its snapshots, its lease — and returns the ids it removed,
+// and the files on the host under stateDir ("" for the default) of
+// backends whose process is gone. Then it
 // deletes the leases of sandboxes whose container is gone and the fork
 // leases for which orphan says yes about their labels, so containerd's
 // garbage collector takes their snapshots. Safe to run twice and
@@ -64,7 +68,7 @@ func CleanupWhere(ctx context.Context, cli *client.Client, stateDir string, orph
 		}
 		removed = append(removed, ctr.ID())
 	}
-	if err := releaseUppers(ctx, cli, stateDir); err != nil {
+	if err := releaseDeadInstances(stateDir); err != nil {
 		errs = append(errs, err)
 	}
 	if err := removeLeases(ctx, cli, orphan); err != nil {
@@ -80,20 +84,37 @@ func Cleanup(ctx context.Context, cli *client.Client, owner string) (int, error)
 	return len(removed), err
 }
 
-// releaseUppers unmounts and removes the fork tmpfs of containers that no
-// longer exist.
-func releaseUppers(ctx context.Context, cli *client.Client, stateDir string) error {
-	dirs, _ := filepath.Glob(filepath.Join(stateDir, "upper", "*"))
+// releaseDeadInstances unmounts and removes the state directories of
+// backends whose process is gone (their lock is free): the files of their
+// sandboxes, which no one can reach any more.
+func releaseDeadInstances(stateDir string) error {
+	dirs, _ := filepath.Glob(filepath.Join(stateDir, "i-*"))
 	var errs []error
 	for _, d := range dirs {
-		id := filepath.Base(d)
-		if _, err := cli.LoadContainer(ctx, id); !isNotFound(err) {
+		f, err := os.OpenFile(filepath.Join(d, "lock"), os.O_RDWR, 0)
+		if err != nil {
 			continue
 		}
-		f := &forkLayer{}
-		if err := f.release(&Backend{opts: Options{StateDir: stateDir}}, id); err != nil {
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close()
+			continue // alive
+		}
+		points := Mounts(d)
+		// The deepest first; each point may hold more than one mount.
+		sort.Sort(sort.Reverse(sort.StringSlice(points)))
+		for _, p := range points {
+			for range 4 {
+				if unix.Unmount(p, unix.MNT_DETACH) != nil {
+					break
+				}
+			}
+		}
+		if left := Mounts(d); len(left) > 0 {
+			errs = append(errs, fmt.Errorf("state directory %s: %d mounts left", d, len(left)))
+		} else if err := os.RemoveAll(d); err != nil {
 			errs = append(errs, err)
 		}
+		f.Close()
 	}
 	return errors.Join(errs...)
 }
@@ -130,7 +151,7 @@ func removeLeases(ctx context.Context, cli *client.Client, orphan func(Candidate
 }
 
 // Mounts lists the host's mount points under stateDir ("" for the
-// default): fork tmpfs left behind.
+// default): the files of sandboxes (see Backend.Mounts for one backend's).
 func Mounts(stateDir string) []string {
 	if stateDir == "" {
 		stateDir = "/run/rollbox/containerd"
@@ -147,4 +168,13 @@ func Mounts(stateDir string) []string {
 		}
 	}
 	return out
+}
+
+// Mounts lists the host's mount points of this backend's sandboxes' files.
+func (b *Backend) Mounts() []string {
+	inst, err := b.instance()
+	if err != nil {
+		return nil
+	}
+	return Mounts(inst.dir)
 }

@@ -35,7 +35,11 @@ type Container struct {
 	exit   <-chan client.ExitStatus
 	dio    *cio.DirectIO
 	logEnd chan struct{} // closed when the guest's stderr has ended
-	layer  *forkLayer    // a fork's files, nil for a sandbox that started empty
+
+	// wsMu orders forks and the release of the files.
+	wsMu  sync.Mutex
+	ws    *workspace // the files on the host; nil under runsc
+	forks int        // forks made, naming their layers
 
 	closeOnce sync.Once
 	closeErr  error
@@ -61,7 +65,7 @@ func (c *Container) Info() sandbox.Info { return c.info }
 // make creates the lease, the container (an active snapshot of the image
 // as its root, mounted read-only by the runtime once the mount points are
 // made), its stdio FIFOs and its task, not started.
-func (c *Container) make(ctx context.Context, img client.Image, shim string, labels map[string]string, layer *forkLayer) error {
+func (c *Container) make(ctx context.Context, img client.Image, shim string, labels map[string]string) error {
 	b := c.b
 	l, err := b.newLease(ctx, c.id, labels)
 	if err != nil {
@@ -69,9 +73,13 @@ func (c *Container) make(ctx context.Context, img client.Image, shim string, lab
 	}
 	lctx := leases.WithLease(ctx, l.ID)
 	files := tmpfsMounts(c.spec)
-	if layer != nil {
-		c.layer = layer
-		if files, err = layer.mounts(lctx, b, c.id, c.spec); err != nil {
+	if c.spec.Runtime != sandbox.RuntimeRunsc {
+		// gVisor's gofer takes no mounts from the host after the start:
+		// its files stay in the runtime's tmpfs (and forks copy them).
+		c.wsMu.Lock()
+		c.ws, files, err = b.newWorkspace(c.id, c.spec)
+		c.wsMu.Unlock()
+		if err != nil {
 			return err
 		}
 	}
@@ -114,6 +122,11 @@ func (c *Container) make(ctx context.Context, img client.Image, shim string, lab
 	c.exit, err = c.task.Wait(context.Background())
 	if err != nil {
 		return translate("wait for task of "+c.id, err)
+	}
+	if c.ws != nil {
+		// The container's mount namespace exists: the files mounted on
+		// the anchors now show in it.
+		return c.ws.bindUppers()
 	}
 	return nil
 }
@@ -251,16 +264,15 @@ func (b *Backend) removeOnce(ctx context.Context, c *Container) error {
 			errs = append(errs, fmt.Errorf("delete container: %w", err))
 		}
 	}
-	if err := b.cli.SnapshotService(Snapshotter).Remove(ctx, forkViewPrefix+c.id); err != nil && !isNotFound(err) {
-		errs = append(errs, fmt.Errorf("remove fork view: %w", err))
-	}
-	if err := b.cli.LeasesService().Delete(ctx, leases.Lease{ID: leasePrefix + c.id}); err != nil && !isNotFound(err) {
-		errs = append(errs, fmt.Errorf("delete lease: %w", err))
-	}
-	if c.layer != nil {
-		if err := c.layer.release(b, c.id); err != nil {
+	c.wsMu.Lock()
+	if c.ws != nil {
+		if err := b.releaseWorkspace(c.ws); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	c.wsMu.Unlock()
+	if err := b.cli.LeasesService().Delete(ctx, leases.Lease{ID: leasePrefix + c.id}); err != nil && !isNotFound(err) {
+		errs = append(errs, fmt.Errorf("delete lease: %w", err))
 	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)

@@ -80,9 +80,14 @@ type Options struct {
 	GuestTimeout time.Duration
 	// RemoveTimeout bounds how long Close retries a failed removal.
 	RemoveTimeout time.Duration
-	// StateDir holds the fork layers' upper directories (default
-	// /run/rollbox/containerd): one size-limited tmpfs per forked sandbox.
+	// StateDir holds the sandboxes' files on the host (default
+	// /run/rollbox/containerd): each Backend its own directory of tmpfs
+	// layers and mount points, locked while its process lives.
 	StateDir string
+	// ForkSpares is how many fresh sandboxes of a forked spec the backend
+	// keeps ready after a fork, up to that fork's n, so the next fork of
+	// the spec takes them instead of creating its children cold (0: none).
+	ForkSpares int
 }
 
 // Backend creates container sandboxes on containerd directly: no dockerd in
@@ -93,8 +98,22 @@ type Backend struct {
 
 	removeFailures atomic.Int64
 
+	instOnce sync.Once
+	inst     *instance
+	instErr  error
+
+	layersMu sync.Mutex // guards layer.refs
+
+	spares spares
+
 	mu       sync.Mutex
 	unpacked map[string]bool // image config digests known unpacked
+}
+
+// instance is the backend's own state directory, made on first use.
+func (b *Backend) instance() (*instance, error) {
+	b.instOnce.Do(func() { b.inst, b.instErr = newInstance(b.opts.StateDir) })
+	return b.inst, b.instErr
 }
 
 // New connects to containerd and checks it answers.
@@ -129,7 +148,9 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Backend{cli: cli, opts: opts, unpacked: map[string]bool{}}, nil
+	b := &Backend{cli: cli, opts: opts, unpacked: map[string]bool{}}
+	b.spares.init()
+	return b, nil
 }
 
 // Dial connects to containerd at address (default DefaultAddress) in
@@ -166,8 +187,12 @@ func (b *Backend) Client() *client.Client { return b.cli }
 // Name is "containerd".
 func (b *Backend) Name() string { return sandbox.BackendContainerd }
 
-// Close closes the client. Sandboxes already handed out are not closed.
-func (b *Backend) Close() error { return b.cli.Close() }
+// Close closes the fork spares and the client. Sandboxes already handed
+// out are not closed.
+func (b *Backend) Close() error {
+	b.spares.close()
+	return b.cli.Close()
+}
 
 // RemoveFailures counts the containers this backend's sandboxes could not
 // remove (Close returned the error): leftovers for `rollbox gc`.
@@ -185,10 +210,10 @@ func (b *Backend) RemoveFailures() int64 { return b.removeFailures.Load() }
 // containerd or the runtime's shim is missing; ErrSandboxFailed when the
 // container does not come up.
 func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
-	return b.create(ctx, spec, nil)
+	return b.create(ctx, spec)
 }
 
-func (b *Backend) create(ctx context.Context, spec sandbox.Spec, layer *forkLayer) (*Container, error) {
+func (b *Backend) create(ctx context.Context, spec sandbox.Spec) (*Container, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
@@ -215,7 +240,7 @@ func (b *Backend) create(ctx context.Context, spec sandbox.Spec, layer *forkLaye
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
 	c := newContainer(b, id, spec, ref, digest)
-	if err := c.make(cctx, img, shim, labels, layer); err != nil {
+	if err := c.make(cctx, img, shim, labels); err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -262,8 +287,8 @@ func shimFor(runtime string) (string, error) {
 // ociSpec is the hardened OCI spec of a sandbox: the guest as PID 1, no
 // network interfaces (a new, empty network namespace), no capabilities,
 // no-new-privileges, containerd's default seccomp profile, a read-only root,
-// size-limited tmpfs (or, for a fork, overlays on a size-limited tmpfs) for
-// the workdir and /tmp, memory (swap equal to it), CPU quota and pids
+// the workdir and /tmp on size-limited tmpfs (binds of the host's mount
+// points under runc, see workspace.go; the runtime's own tmpfs under runsc), memory (swap equal to it), CPU quota and pids
 // through the cgroup, user 65534:65534.
 func (b *Backend) ociSpec(spec sandbox.Spec, files []specs.Mount) []oci.SpecOpts {
 	l := spec.Limits
@@ -349,7 +374,7 @@ func (b *Backend) newLease(ctx context.Context, id string, labels map[string]str
 }
 
 // leasePrefix names the leases of sandboxes; forkLeasePrefix those of fork
-// layers.
+// snapshots (an earlier version's: a cleanup still removes them).
 const (
 	leasePrefix     = "rollbox-"
 	forkLeasePrefix = "rollbox-fork-"

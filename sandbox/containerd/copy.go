@@ -142,8 +142,6 @@ func setAttrs(fd int, _ string, st *unix.Stat_t) error {
 	return unix.Futimes(fd, []unix.Timeval{unix.NsecToTimeval(unix.TimespecToNsec(st.Atim)), unix.NsecToTimeval(unix.TimespecToNsec(st.Mtim))})
 }
 
-func cutPrefix(s, prefix string) (string, bool) { return strings.CutPrefix(s, prefix) }
-
 func containsAny(s string, subs ...string) bool {
 	for _, sub := range subs {
 		if strings.Contains(s, sub) {

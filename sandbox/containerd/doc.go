@@ -19,6 +19,9 @@
 // process lease of its maker, so Cleanup removes what a crashed process
 // left: tasks, containers, snapshots, leases.
 //
-// Fork (sandbox.Forker) copies a sandbox's files once into a committed
-// snapshot that its children mount copy-on-write.
+// A sandbox's workdir and /tmp are tmpfs layers on the host, bound into the
+// container through mount points that receive the host's later mounts, so
+// Fork (sandbox.Forker) freezes the parent's layer in place and gives the
+// parent and each child an overlay of their own empty layer over it,
+// copying nothing (workspace.go; RATIONALE.md).
 package containerd

@@ -2,46 +2,24 @@ package containerd
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
+	"sync"
 	"time"
-
-	"github.com/containerd/containerd/v2/core/leases"
-	"github.com/containerd/containerd/v2/core/mount"
-	"github.com/opencontainers/runtime-spec/specs-go"
-	"golang.org/x/sys/unix"
 
 	"github.com/rollbox/rollbox/sandbox"
 )
 
-// A fork's files: the parent's workdir and /tmp copied once into a
-// committed snapshot (layer), which every child mounts as the read-only
-// lower layer of an overlay whose upper layer is the child's own
-// size-limited tmpfs. A child pays only for what it writes.
-type forkLayer struct {
-	snapshot string // the committed snapshot's name
-}
-
-// forkViewPrefix names a child's view of its fork snapshot.
-const forkViewPrefix = "rollbox-fork-view-"
-
-// layer directories inside a fork snapshot.
-const (
-	layerWork = "work"
-	layerTmp  = "tmp"
-)
-
 // Fork makes n sandboxes of this one's spec whose workdir and /tmp hold the
-// files this one has now (sandbox.Forker): the files are copied once, from
-// the host's side of the container's mount namespace, into a containerd
-// snapshot that is committed; each child mounts a view of it under an
-// overlay (copy-on-write) with its own tmpfs on top, sized like the
-// parent's. Processes are not forked. Under runsc (gVisor keeps the files
-// in its sentry's memory, out of the host's reach) the files are copied
-// into each child through the guests instead (sandbox.CopyFiles).
+// files this one has now (sandbox.Forker), without copying them: this
+// sandbox's writable layer is frozen and becomes the read-only lower layer
+// of an overlay in this sandbox and in each child, each with its own empty
+// upper of the spec's size (copy-on-write; see workspace.go). The children
+// are fresh sandboxes (the backend's spares when it keeps them, see
+// Options.ForkSpares; created otherwise) whose directories are swapped in
+// their running containers. Processes are not forked. Under runsc (gVisor
+// keeps the files in its sentry's memory, out of the host's reach) the
+// files are copied into each child through the guests instead
+// (sandbox.CopyFiles).
 //
 // # Errors
 //
@@ -67,156 +45,214 @@ func (c *Container) Fork(ctx context.Context, n int) ([]sandbox.Sandbox, error) 
 		}
 		return kids, nil
 	}
-	layer, done, err := c.commitLayer(ctx)
+	kids, err := c.b.freshSandboxes(ctx, c.spec, n)
 	if err != nil {
 		return nil, err
 	}
-	// The layer's lease goes once every child holds a view of it (a
-	// snapshot is kept while a view of it is); on failure, with them.
-	defer done()
-	return sandbox.CreateAll(ctx, n, func(ctx context.Context) (sandbox.Sandbox, error) {
-		return c.b.create(ctx, c.spec, layer)
-	})
-}
-
-// commitLayer copies the sandbox's workdir and /tmp into a new snapshot and
-// commits it, under a lease that done deletes.
-func (c *Container) commitLayer(ctx context.Context) (*forkLayer, func(), error) {
-	b := c.b
-	ctx = context.WithoutCancel(ctx)
-	id := randomHex(8)
-	labels := map[string]string{LabelOwner: b.opts.Owner}
-	for k, v := range b.opts.Labels {
-		labels[k] = v
+	out := make([]sandbox.Sandbox, len(kids))
+	for i, k := range kids {
+		out[i] = k
 	}
-	// Expiring: a process that dies before done leaves nothing containerd
-	// keeps for long.
-	l, err := b.cli.LeasesService().Create(ctx, leases.WithID(forkLeasePrefix+id), leases.WithLabels(labels),
-		leases.WithExpiration(time.Hour))
-	if err != nil {
-		return nil, nil, translate("create fork lease", err)
-	}
-	done := func() {
-		b.cli.LeasesService().Delete(context.Background(), l)
-	}
-	lctx := leases.WithLease(ctx, l.ID)
-	sn := b.cli.SnapshotService(Snapshotter)
-	key := "rollbox-fork-prepare-" + id
-	mounts, err := sn.Prepare(lctx, key, "")
-	if err != nil {
-		done()
-		return nil, nil, translate("prepare fork snapshot", err)
-	}
-	dir, err := bindSource(mounts)
-	if err != nil {
-		done()
-		return nil, nil, err
-	}
-	pid := int(c.task.Pid())
-	root := "/proc/" + strconv.Itoa(pid) + "/root"
-	for _, r := range []struct{ from, to string }{{c.spec.Workdir, layerWork}, {"/tmp", layerTmp}} {
-		if err := copyTree(root+r.from, filepath.Join(dir, r.to)); err != nil {
-			done()
-			return nil, nil, fmt.Errorf("fork sandbox %s: copy %s: %v: %w", c.id, r.from, err, sandbox.ErrSandboxFailed)
-		}
-	}
-	// The task's pid names the same process only while it runs: a
-	// container that died meanwhile could have given its pid away.
-	if st, err := c.task.Status(ctx); err != nil || st.Status != "running" || c.task.Pid() != uint32(pid) {
-		done()
-		return nil, nil, fmt.Errorf("fork sandbox %s: the task stopped while its files were copied: %w", c.id, sandbox.ErrSandboxFailed)
-	}
-	name := "rollbox-fork-" + id
-	if err := sn.Commit(lctx, name, key); err != nil {
-		done()
-		return nil, nil, translate("commit fork snapshot", err)
-	}
-	return &forkLayer{snapshot: name}, done, nil
-}
-
-// bindSource is the directory a snapshot without parents is: its one bind
-// mount's source.
-func bindSource(mounts []mount.Mount) (string, error) {
-	if len(mounts) != 1 || mounts[0].Type != "bind" {
-		return "", fmt.Errorf("snapshotter %s gave %d mounts (%v) for a snapshot without parents, want one bind mount: %w", Snapshotter, len(mounts), mounts, sandbox.ErrSandboxFailed)
-	}
-	return mounts[0].Source, nil
-}
-
-// mounts gives a child its workdir and /tmp: a view of the layer (held by
-// the child's lease) as the lower directory of an overlay whose upper and
-// work directories are on a tmpfs of the spec's size, made for the child
-// on the host.
-func (f *forkLayer) mounts(ctx context.Context, b *Backend, id string, spec sandbox.Spec) ([]specs.Mount, error) {
-	view, err := b.cli.SnapshotService(Snapshotter).View(ctx, forkViewPrefix+id, f.snapshot)
-	if err != nil {
-		return nil, translate("view of fork snapshot "+f.snapshot, err)
-	}
-	lower, err := viewSource(view)
-	if err != nil {
+	if err := c.forkInto(kids); err != nil {
+		sandbox.CloseAll(out)
 		return nil, err
 	}
-	base := filepath.Join(b.opts.StateDir, "upper", id)
-	var out []specs.Mount
-	for _, r := range []struct {
-		dest, layer string
-		sizeMB      int
-		mode        os.FileMode
-	}{{spec.Workdir, layerWork, spec.Limits.DiskMB, 0o755}, {"/tmp", layerTmp, spec.Limits.TmpMB, 0o1777}} {
-		dir := filepath.Join(base, r.layer)
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return nil, fmt.Errorf("fork upper directory: %v: %w", err, sandbox.ErrSandboxFailed)
-		}
-		if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size="+strconv.Itoa(r.sizeMB)+"m,mode=0700"); err != nil {
-			return nil, fmt.Errorf("fork upper tmpfs %s: %v: %w", dir, err, sandbox.ErrSandboxFailed)
-		}
-		upper, work := filepath.Join(dir, "upper"), filepath.Join(dir, "work")
-		for _, d := range []string{upper, work} {
-			if err := os.Mkdir(d, 0o700); err != nil {
-				return nil, fmt.Errorf("fork upper directory: %v: %w", err, sandbox.ErrSandboxFailed)
-			}
-		}
-		// The merged root takes the upper root's owner and mode.
-		if err := os.Chown(upper, uid, gid); err == nil {
-			err = os.Chmod(upper, r.mode)
-		}
-		out = append(out, specs.Mount{
-			Destination: r.dest, Type: "overlay", Source: "overlay",
-			Options: []string{"lowerdir=" + filepath.Join(lower, r.layer), "upperdir=" + upper, "workdir=" + work, "nosuid", "nodev"},
-		})
-	}
+	c.b.refillSpares(c.spec, n)
 	return out, nil
 }
 
-// viewSource is the directory of a read-only view of a one-layer snapshot.
-func viewSource(mounts []mount.Mount) (string, error) {
-	for _, m := range mounts {
-		if m.Type == "bind" {
-			return m.Source, nil
+// forkInto gives every kid (fresh, never used) this sandbox's files.
+func (c *Container) forkInto(kids []*Container) error {
+	c.wsMu.Lock()
+	defer c.wsMu.Unlock()
+	if c.ws == nil || c.IsClosed() {
+		return fmt.Errorf("fork sandbox %s: %w", c.id, sandbox.ErrClosed)
+	}
+	// The files are the running task's: a stopped one's are not the
+	// sandbox's state any more.
+	if st, err := c.task.Status(context.Background()); err != nil || st.Status != "running" {
+		return fmt.Errorf("fork sandbox %s: its task is not running (%v %v): %w", c.id, st.Status, err, sandbox.ErrSandboxFailed)
+	}
+	c.forks++
+	chains := make([][]*layer, len(c.ws.roots))
+	defer func() {
+		for _, ch := range chains {
+			c.b.dropLayers(ch)
 		}
-		for _, o := range m.Options {
-			if v, ok := cutPrefix(o, "lowerdir="); ok {
-				return v, nil
-			}
+	}()
+	for i, r := range c.ws.roots {
+		chain, err := c.b.freeze(c.id, c.forks, r)
+		if err != nil {
+			return fmt.Errorf("fork sandbox %s: %w", c.id, err)
+		}
+		chains[i] = chain
+	}
+	for _, k := range kids {
+		if err := k.adopt(chains); err != nil {
+			return fmt.Errorf("fork sandbox %s into %s: %w", c.id, k.id, err)
 		}
 	}
-	return "", fmt.Errorf("snapshotter %s gave no directory for a fork view (%v): %w", Snapshotter, mounts, sandbox.ErrSandboxFailed)
+	return nil
 }
 
-// release unmounts a child's tmpfs and removes its directories.
-func (f *forkLayer) release(b *Backend, id string) error {
-	base := filepath.Join(b.opts.StateDir, "upper", id)
-	var errs []error
-	for _, l := range []string{layerWork, layerTmp} {
-		dir := filepath.Join(base, l)
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", dir, err))
+// adopt mounts chains (one per root) below this fresh sandbox's uppers.
+func (c *Container) adopt(chains [][]*layer) error {
+	c.wsMu.Lock()
+	defer c.wsMu.Unlock()
+	if c.ws == nil || c.IsClosed() {
+		return fmt.Errorf("sandbox %s: %w", c.id, sandbox.ErrClosed)
+	}
+	for i, r := range c.ws.roots {
+		if err := c.b.adopt(r, chains[i]); err != nil {
+			return err
 		}
 	}
-	if len(errs) == 0 {
-		if err := os.RemoveAll(base); err != nil {
-			errs = append(errs, err)
+	return nil
+}
+
+// spares are fresh sandboxes kept for forks, by spec and labels.
+type spares struct {
+	ctx    context.Context // lifecycle: cancelled by close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	ready   map[string][]*Container
+	filling map[string]bool
+	closed  bool
+}
+
+func (s *spares) init() {
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.ready, s.filling = map[string][]*Container{}, map[string]bool{}
+}
+
+// close stops the refills and closes the spares.
+func (s *spares) close() {
+	s.mu.Lock()
+	s.closed = true
+	var all []sandbox.Sandbox
+	for _, q := range s.ready {
+		for _, c := range q {
+			all = append(all, c)
 		}
 	}
-	return errors.Join(errs...)
+	s.ready = map[string][]*Container{}
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
+	sandbox.CloseAll(all)
+}
+
+func spareKey(spec sandbox.Spec) string { return spec.Key() + fmt.Sprint(spec.Labels) }
+
+// freshSandboxes takes up to n spares of spec and creates the rest, all or
+// nothing.
+func (b *Backend) freshSandboxes(ctx context.Context, spec sandbox.Spec, n int) ([]*Container, error) {
+	key := spareKey(spec)
+	var kids []*Container
+	var broken []sandbox.Sandbox
+	b.spares.mu.Lock()
+	q := b.spares.ready[key]
+	for len(q) > 0 && len(kids) < n {
+		c := q[0]
+		q = q[1:]
+		if c.IsClosed() || c.Broken() != nil {
+			broken = append(broken, c)
+			continue
+		}
+		kids = append(kids, c)
+	}
+	b.spares.ready[key] = q
+	b.spares.mu.Unlock()
+	sandbox.CloseAll(broken)
+	if len(kids) == n {
+		return kids, nil
+	}
+	made, err := sandbox.CreateAll(ctx, n-len(kids), func(ctx context.Context) (sandbox.Sandbox, error) {
+		return b.create(ctx, spec)
+	})
+	if err != nil {
+		for _, k := range kids {
+			k.Close()
+		}
+		return nil, err
+	}
+	for _, m := range made {
+		kids = append(kids, m.(*Container))
+	}
+	return kids, nil
+}
+
+// refillSpares starts keeping min(n, Options.ForkSpares) spares of spec.
+func (b *Backend) refillSpares(spec sandbox.Spec, n int) {
+	b.SpareForks(spec, min(n, b.opts.ForkSpares))
+}
+
+// SpareForks keeps n fresh sandboxes of spec ready for the forks of
+// sandboxes of that spec (labels included), filling in the background, so
+// a Fork takes them instead of creating its children cold. Forks refill
+// them after use up to Options.ForkSpares.
+func (b *Backend) SpareForks(spec sandbox.Spec, n int) {
+	if n <= 0 {
+		return
+	}
+	spec = spec.WithDefaults()
+	key := spareKey(spec)
+	s := &b.spares
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || s.filling[key] || len(s.ready[key]) >= n {
+		return
+	}
+	s.filling[key] = true
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		failures := 0
+		for s.ctx.Err() == nil {
+			s.mu.Lock()
+			if len(s.ready[key]) >= n {
+				s.filling[key] = false
+				s.mu.Unlock()
+				return
+			}
+			s.mu.Unlock()
+			c, err := b.create(s.ctx, spec)
+			if err != nil {
+				// The next fork creates cold and says why; stop after a few.
+				if failures++; failures >= 3 || s.ctx.Err() != nil {
+					break
+				}
+				time.Sleep(time.Duration(failures) * 100 * time.Millisecond)
+				continue
+			}
+			s.mu.Lock()
+			if s.closed {
+				s.mu.Unlock()
+				c.Close()
+				return
+			}
+			s.ready[key] = append(s.ready[key], c)
+			if len(s.ready[key]) >= n {
+				// Done under the same lock: a fork that takes them now
+				// starts a refill of its own.
+				s.filling[key] = false
+				s.mu.Unlock()
+				return
+			}
+			s.mu.Unlock()
+		}
+		s.mu.Lock()
+		s.filling[key] = false
+		s.mu.Unlock()
+	}()
+}
+
+// SparesReady is how many spares of spec are ready.
+func (b *Backend) SparesReady(spec sandbox.Spec) int {
+	spec = spec.WithDefaults()
+	b.spares.mu.Lock()
+	defer b.spares.mu.Unlock()
+	return len(b.spares.ready[spareKey(spec)])
 }

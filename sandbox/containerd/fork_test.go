@@ -72,7 +72,7 @@ func TestForkCopiesFilesNotProcessesAndChildrenAreIndependent(t *testing.T) {
 			t.Errorf("after close, %s left %v", info.ID, left)
 		}
 	}
-	if m := containerd.Mounts(""); len(m) > 0 {
+	if m := b.Mounts(); len(m) > 0 {
 		t.Errorf("fork mounts left: %v", m)
 	}
 }
@@ -111,4 +111,157 @@ func countContainers(t *testing.T, b *containerd.Backend) int {
 		t.Fatal(err)
 	}
 	return len(list)
+}
+
+// Forks share the parent's files without copying them, and no sandbox
+// sees another's writes after the fork, whichever way the files were
+// carried: frozen in place (the parent's layer made read-only under a new
+// one), copied once (a file open for writing in the parent keeps its
+// layer writable), or flattened (layers stacked past the limit); forks of
+// forks too. Deleted files stay deleted, and every disk stays its spec's.
+func TestForkLayersKeepEverySandboxsFilesItsOwn(t *testing.T) {
+	b := need(t)
+	defer containerd.SetMaxLayers(3)()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	parent, err := b.Create(ctx, sandbox.Spec{Image: "base", Limits: sandbox.Limits{DiskMB: 8}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all []sandbox.Sandbox
+	defer func() { sandbox.CloseAll(append(all, parent)) }()
+	run := func(sb sandbox.Sandbox, shell string) string {
+		t.Helper()
+		r, err := sb.Exec(ctx, sandbox.ExecRequest{Shell: shell})
+		if err != nil || r.ExitCode != 0 {
+			t.Fatalf("%s: %v %+v %s", shell, err, r, r.Stderr)
+		}
+		return string(r.Stdout)
+	}
+	fork := func(sb sandbox.Sandbox) sandbox.Sandbox {
+		t.Helper()
+		kids, err := sb.(sandbox.Forker).Fork(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, kids...)
+		return kids[0]
+	}
+	const show = `for f in a b c log; do printf '%s=%s\n' $f "$(cat /work/$f 2>/dev/null || echo -)"; done`
+
+	// A command running in the parent holds /work/log open for writing
+	// while it forks: the files are copied, and what it writes after the
+	// fork stays the parent's.
+	run(parent, `echo v1 > /work/a; echo one > /work/log`)
+	writer := make(chan error, 1)
+	go func() {
+		_, err := parent.Exec(ctx, sandbox.ExecRequest{Shell: `exec 3>>/work/log; touch /tmp/ready; i=0; while [ $i -lt 150 ]; do echo more >&3; sleep 0.01; i=$((i+1)); done`})
+		writer <- err
+	}()
+	for {
+		if _, err := parent.ReadFile(ctx, "/tmp/ready", 0); err == nil {
+			break
+		}
+		select {
+		case err := <-writer:
+			t.Fatalf("the writer ended before it was ready: %v", err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	copied := fork(parent)
+	if got := run(copied, show); !strings.HasPrefix(got, "a=v1\nb=-\nc=-\nlog=one\n") {
+		t.Errorf("a fork while a file is open for writing sees:\n%s", got)
+	}
+	if got := run(copied, `a=$(wc -l < /work/log); sleep 0.2; b=$(wc -l < /work/log); echo $a $b`); len(strings.Fields(got)) != 2 || strings.Fields(got)[0] != strings.Fields(got)[1] {
+		t.Errorf("the parent's writer still writes into its fork's log: %s", got)
+	}
+	if err := <-writer; err != nil {
+		t.Fatal(err)
+	}
+	const fstype = `grep ' /work ' /proc/self/mountinfo | tail -1 | sed 's/.* - \([^ ]*\) .*/\1/'`
+	if got := run(parent, fstype); got != "tmpfs\n" {
+		t.Errorf("the parent's workdir is %q after a fork that copied, want its tmpfs as it was", got)
+	}
+
+	// No writer now: the parent's layer is frozen in place.
+	run(parent, `echo one > /work/log; echo v2 > /work/b`)
+	frozen := fork(parent)
+	if got := run(parent, fstype); got != "overlay\n" {
+		t.Errorf("the parent's workdir is %q after a fork that froze its layer, want an overlay", got)
+	}
+	run(parent, `echo v3 > /work/a; rm /work/b`)
+	run(frozen, `echo k > /work/c`)
+	if got, want := run(frozen, show), "a=v1\nb=v2\nc=k\nlog=one\n"; got != want {
+		t.Errorf("a fork sees:\n%s\nwant:\n%s", got, want)
+	}
+	if got, want := run(parent, show), "a=v3\nb=-\nc=-\nlog=one\n"; got != want {
+		t.Errorf("the parent sees:\n%s\nwant:\n%s", got, want)
+	}
+	if got, want := run(copied, show), "a=v1\nb=-\nc=-\nlog="; !strings.HasPrefix(got, want) {
+		t.Errorf("the first fork sees:\n%s\nwant:\n%s", got, want)
+	}
+	// A fork of a fork carries the fork's own writes.
+	grandchild := fork(frozen)
+	if got, want := run(grandchild, show), "a=v1\nb=v2\nc=k\nlog=one\n"; got != want {
+		t.Errorf("a fork of a fork sees:\n%s\nwant:\n%s", got, want)
+	}
+	// Past the layer limit a fork flattens: the deletion holds.
+	for range 3 {
+		fork(parent)
+	}
+	flat := fork(parent)
+	if got, want := run(flat, show), "a=v3\nb=-\nc=-\nlog=one\n"; got != want {
+		t.Errorf("a flattened fork sees:\n%s\nwant:\n%s", got, want)
+	}
+	// Each disk is still 8 MB: the parent's, after its forks, and a
+	// fork's.
+	for name, sb := range map[string]sandbox.Sandbox{"parent": parent, "grandchild": grandchild, "flat": flat} {
+		r, err := sb.Exec(ctx, sandbox.ExecRequest{Shell: "dd if=/dev/zero of=/work/big bs=1M count=20 2>&1; echo rc=$?"})
+		if err != nil || !strings.Contains(string(r.Stdout), "No space left") {
+			t.Errorf("the %s's workdir is not limited to 8 MB: %v %s", name, err, r.Stdout)
+		}
+	}
+	if err := sandbox.CloseAll(append(all, parent)); err != nil {
+		t.Fatal(err)
+	}
+	all, parent = nil, nil
+	if m := b.Mounts(); len(m) > 0 {
+		t.Errorf("mounts left: %v", m)
+	}
+}
+
+// A fork takes the backend's spares of the spec when it has them.
+func TestForkTakesSpares(t *testing.T) {
+	b := need(t)
+	ctx := context.Background()
+	spec := sandbox.Spec{Image: "base", Labels: map[string]string{"rollbox.test": "spares"}}
+	parent, err := b.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer parent.Close()
+	b.SpareForks(spec, 2)
+	deadline := time.Now().Add(time.Minute)
+	for b.SparesReady(spec) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d spares ready after a minute", b.SparesReady(spec))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := parent.WriteFile(ctx, "/work/f", []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kids, err := parent.(sandbox.Forker).Fork(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sandbox.CloseAll(kids)
+	if n := b.SparesReady(spec); n != 0 {
+		t.Errorf("%d spares left after a fork of 2", n)
+	}
+	for _, k := range kids {
+		if got, err := k.ReadFile(ctx, "/work/f", 0); err != nil || string(got) != "x" {
+			t.Errorf("%s reads %q, %v", k.Info().ID, got, err)
+		}
+	}
 }
