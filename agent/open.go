@@ -74,6 +74,10 @@ type Config struct {
 	// TrainStep is the trainer's step the rollout was asked at: a parl
 	// reward anneals its auxiliary weights by it.
 	TrainStep int64
+	// Journal, if set, is given every line of the episode's journal as it
+	// is written (trajectory.NewWriterTee): a cluster worker streams it to
+	// its coordinator. Its error is the record's.
+	Journal func(line []byte) error
 }
 
 // backend is the episode's sandbox backend: the task's, else the config's.
@@ -242,7 +246,7 @@ func open(ctx context.Context, cfg Config) (_ *Session, err error) {
 		Policy:  pi,
 		Pinned:  pinned,
 	}
-	w, err := trajectory.NewWriter(cfg.Dir, rec)
+	w, err := trajectory.NewWriterTee(cfg.Dir, rec, cfg.Journal)
 	if err != nil {
 		return nil, &RecordError{EpisodeID: cfg.EpisodeID, Err: err}
 	}

@@ -234,6 +234,10 @@ type RolloutRequest struct {
 	// TrainStep is the trainer's step the rollout is for: a parl reward
 	// anneals its auxiliary weights by it (default 0).
 	TrainStep *int64 `json:"train_step,omitempty"`
+	// RetryInterrupted (a cluster coordinator's): an episode whose worker
+	// was lost after it asked the policy runs again instead of ending
+	// interrupted with its partial journal.
+	RetryInterrupted bool `json:"retry_interrupted,omitempty"`
 }
 
 // Schedules of a rollout.

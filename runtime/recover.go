@@ -29,6 +29,9 @@ type Recovery struct {
 	// process that stopped before it indexed them (never acknowledged),
 	// removed: a resend of their lines stores them again.
 	UnindexedImports []string
+	// Resumed are a cluster coordinator's rollouts dispatched again to
+	// its workers (not interrupted).
+	Resumed []string
 	// Took is how long the recovery took (the service listened meanwhile).
 	Took time.Duration
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/agent/openai"
 	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/internal/cluster"
 	"github.com/rollbox/rollbox/sandbox"
 )
 
@@ -50,7 +51,11 @@ type rollout struct {
 	// the request's train_step.
 	subagents map[*agent.Task]subagentPolicy
 	trainStep int64
-	ctx       context.Context
+	// wire is the policy as a cluster worker calls it; retryInterrupted
+	// the request's retry_interrupted (a coordinator's).
+	wire             *cluster.Policy
+	retryInterrupted bool
+	ctx              context.Context
 	cancel    context.CancelCauseFunc
 
 	queue []*job // guarded by the scheduler's mu
@@ -436,6 +441,9 @@ func (s *Server) parseRollout(ctx context.Context, body []byte) (*rollout, []*jo
 		tasks[i] = t
 	}
 
+	if err := s.clusterRefuses(&req, tasks); err != nil {
+		return nil, nil, err
+	}
 	subagents, err := s.subagentPolicies(tasks, "tasks")
 	if err != nil {
 		return nil, nil, err
@@ -477,8 +485,14 @@ func (s *Server) parseRollout(ctx context.Context, body []byte) (*rollout, []*jo
 	r := newRollout(rec)
 	r.tasks, r.backend, r.policy, r.sampling, r.endpoint = tasks, backend, pol, sampling, ep
 	r.subagents = subagents
+	r.retryInterrupted = req.RetryInterrupted
+	r.wire = &cluster.Policy{BaseURL: pr.BaseURL, Model: pr.Model, Mode: pr.Mode, TokenizeURL: pr.TokenizeURL, Sampling: samplingJSON,
+		MaxRetries: maxRetries, TimeoutS: pr.TimeoutS, MaxConcurrency: pr.MaxConcurrency, Info: info}
 	if req.TrainStep != nil {
 		r.trainStep = *req.TrainStep
+	}
+	if s.coord != nil {
+		rec.Cluster = &clusterRollout{Policy: *r.wire, RetryInterrupted: r.retryInterrupted, TrainStep: r.trainStep}
 	}
 	r.info = info
 	if v := s.initialVersion(req.PolicyVersion, tenantFrom(ctx)); v != "" {
@@ -933,6 +947,9 @@ func (s *Server) stopRollout(r *rollout, state, endReason, message string) {
 	s.metrics.Episodes.WithLabelValues("queued").Sub(float64(len(jobs)))
 	if r.cancel != nil {
 		r.cancel(&agent.StopCause{Reason: endReason, Message: message})
+	}
+	if s.coord != nil {
+		s.coord.cancelRollout(r, endReason, message)
 	}
 	if len(jobs) == 0 {
 		return

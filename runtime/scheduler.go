@@ -162,13 +162,40 @@ type scheduler struct {
 	// waiting for a running slot: served, in order, before queued jobs.
 	waiters []*slotWaiter
 
+	// clusterSlots, when not nil (a coordinator), bound the episodes
+	// dispatched and not ended per backend by the live workers' slots, in
+	// place of Limits.Backend: a backend no worker serves runs none.
+	clusterSlots map[string]int
+
 	wake     chan struct{}
 	sizeWake chan struct{}
 }
 
-func newScheduler(l Limits, start func(*job), canStart func() bool) *scheduler {
-	return &scheduler{limits: l, start: start, canStart: canStart, backendRunning: map[string]int{}, demand: map[demandKey]*demand{},
+// setClusterSlots sets the live workers' slots per backend (a
+// coordinator's bound) and wakes the dispatcher.
+func (sc *scheduler) setClusterSlots(slots map[string]int) {
+	sc.mu.Lock()
+	sc.clusterSlots = slots
+	sc.mu.Unlock()
+	signal(sc.wake)
+}
+
+// backendFullLocked says whether backend runs as many episodes as it may.
+func (sc *scheduler) backendFullLocked(backend string) bool {
+	if sc.clusterSlots != nil {
+		return sc.backendRunning[backend] >= sc.clusterSlots[backend]
+	}
+	l := sc.limits.Backend[backend]
+	return l > 0 && sc.backendRunning[backend] >= l
+}
+
+func newScheduler(l Limits, start func(*job), canStart func() bool, cluster bool) *scheduler {
+	sc := &scheduler{limits: l, start: start, canStart: canStart, backendRunning: map[string]int{}, demand: map[demandKey]*demand{},
 		wake: make(chan struct{}, 1), sizeWake: make(chan struct{}, 1)}
+	if cluster {
+		sc.clusterSlots = map[string]int{}
+	}
+	return sc
 }
 
 // syncCountsLocked publishes queued and running to the lock-free readers.
@@ -203,6 +230,29 @@ func (sc *scheduler) admit(r *rollout, jobs []*job) error {
 	}
 	signal(sc.wake)
 	return nil
+}
+
+// resume takes back a rollout a restarted coordinator dispatches again:
+// inflight are running on workers already (counted as running), queued
+// wait as admitted jobs do (whatever the queue's bound: they were admitted).
+func (sc *scheduler) resume(r *rollout, inflight, queued []*job) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	sc.running += len(inflight)
+	r.started += len(inflight)
+	for _, j := range inflight {
+		sc.backendRunning[j.plan.backend]++
+	}
+	if len(queued) > 0 {
+		r.queue = queued
+		sc.active = append(sc.active, r)
+		sc.queued += len(queued)
+		for _, j := range queued {
+			sc.addDemandLocked(j, 1)
+		}
+	}
+	sc.syncCountsLocked()
+	signal(sc.wake)
 }
 
 // fits says, without queuing anything, whether n episodes would be admitted
@@ -272,7 +322,7 @@ func (sc *scheduler) pick() *job {
 		idx := (sc.next + i) % len(sc.active)
 		r := sc.active[idx]
 		j := r.queue[0]
-		if sc.backendRunning[j.plan.backend] >= sc.limits.Backend[j.plan.backend] && sc.limits.Backend[j.plan.backend] > 0 {
+		if sc.backendFullLocked(j.plan.backend) {
 			continue
 		}
 		if sc.waitingLocked(j.plan.backend) {
@@ -334,8 +384,7 @@ func (sc *scheduler) fitsSlotLocked(backend string) bool {
 	if sc.running >= sc.limits.MaxRunning {
 		return false
 	}
-	l := sc.limits.Backend[backend]
-	return l <= 0 || sc.backendRunning[backend] < l
+	return !sc.backendFullLocked(backend)
 }
 
 func (sc *scheduler) takeSlotLocked(backend string) {

@@ -75,6 +75,11 @@ type Options struct {
 	// it).
 	Now func() time.Time
 
+	// Cluster, when set, makes the service a coordinator: admitted
+	// episodes are published to `rollbox worker` processes over NATS
+	// JetStream instead of run here.
+	Cluster *ClusterOptions
+
 	// recoveryGate, when set (by tests), holds the recovery until closed.
 	recoveryGate chan struct{}
 }
@@ -96,6 +101,8 @@ type Server struct {
 	storage   *storageMonitor
 	endpoints *endpoints
 	judges    *judge.Pool
+	// coord dispatches episodes to workers (nil: they run here).
+	coord     *coordinator
 	mux       *http.ServeMux
 	started   time.Time
 
@@ -219,12 +226,33 @@ func Open(opts Options) (*Server, error) {
 	// Only what a previous process left unfinished waits for the recovery
 	// (503 "recovering"); a clean data directory answers everything at once.
 	s.recoveringAny.Store(len(unfinished) > 0 || len(openEnv) > 0)
-	s.sched = newScheduler(s.limits, s.startJob, s.storage.ok)
+	var runner episodeRunner = localRunner{s}
+	if opts.Cluster != nil {
+		c, err := newCoordinator(s, *opts.Cluster)
+		if err != nil {
+			s.cancel(nil)
+			st.Close()
+			return nil, err
+		}
+		s.coord, runner = c, c
+	}
+	s.sched = newScheduler(s.limits, runner.start, s.storage.ok, s.coord != nil)
 	s.bg.Add(7)
 	go func() { defer s.bg.Done(); s.reclaimWhenIdle(s.ctx) }()
 	go func() { defer s.bg.Done(); s.sweepOutcomes(s.ctx.Done()) }()
 	go func() { defer s.bg.Done(); s.sched.run(s.ctx) }()
-	go func() { defer s.bg.Done(); s.sched.sizePools(s.ctx, s.sandboxes) }()
+	go func() {
+		defer s.bg.Done()
+		if s.coord != nil {
+			// A coordinator keeps no sandboxes; it consumes what its
+			// workers journal back.
+			if err := s.coord.run(s.ctx); err != nil {
+				s.log.Error("cluster: the coordinator stopped consuming", "err", err)
+			}
+			return
+		}
+		s.sched.sizePools(s.ctx, s.sandboxes)
+	}()
 	go func() { defer s.bg.Done(); s.reapIdle(s.ctx) }()
 	go func() { defer s.bg.Done(); s.storage.run(s.ctx.Done()) }()
 	go func() {
@@ -232,7 +260,14 @@ func Open(opts Options) (*Server, error) {
 		if opts.recoveryGate != nil {
 			<-opts.recoveryGate
 		}
-		rec, err := s.recover(unfinished)
+		rest, resumed := unfinished, []string(nil)
+		if s.coord != nil {
+			resumed, rest = s.coord.resume(unfinished)
+		}
+		rec, err := s.recover(rest)
+		if rec != nil {
+			rec.Resumed = resumed
+		}
 		if err != nil {
 			s.log.Error("recovering what the previous process left failed; the rollouts it concerns answer 503 until a restart", "err", err)
 		}
@@ -309,6 +344,7 @@ func (s *Server) routeTable() []struct {
 		{Route{"POST", "/v1/episodes/{id}/outcomes"}, s.postOutcomes},
 		{Route{"POST", "/v1/imports"}, s.postImport},
 		{Route{"GET", "/v1/export"}, s.exportEpisodes},
+		{Route{"GET", "/v1/workers"}, s.getWorkers},
 		{Route{"GET", "/metrics"}, s.getMetrics},
 		{Route{"GET", "/healthz"}, s.getHealth},
 		{Route{"GET", "/openapi.json"}, s.getOpenAPI},
@@ -784,12 +820,23 @@ func (s *Server) shutdown(ctx context.Context) error {
 		}()
 	}
 	var errs []error
+	if s.coord != nil {
+		// The workers end the dispatched episodes (cancelled with the
+		// rollouts) and journal them back; what has not come back when
+		// ctx ends is recorded interrupted by the next start.
+		if n := s.coord.waitIdle(ctx); n > 0 {
+			errs = append(errs, fmt.Errorf("%d dispatched episode(s) had not come back from their workers when the shutdown deadline passed", n))
+		}
+	}
 	if !waitGroup(ctx, &s.wg) {
 		_, running := s.sched.counts()
 		errs = append(errs, fmt.Errorf("%d episode(s) had not ended when the shutdown deadline passed: the next start records them interrupted from their journals and removes their containers", running))
 	}
 	s.cancel(&agent.StopCause{Reason: trajectory.EndInterrupted, Message: message})
 	waitGroup(ctx, &s.bg)
+	if s.coord != nil {
+		s.coord.close()
+	}
 	s.backends.Close()
 	s.endpoints.Close()
 	closed := make(chan error, 1)

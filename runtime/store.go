@@ -63,6 +63,9 @@ type rolloutRecord struct {
 	Tenant string `json:"tenant,omitempty"`
 	// Schedule is "groups" or "episodes" (see RolloutRequest.Schedule).
 	Schedule string `json:"schedule,omitempty"`
+	// Cluster is set on a coordinator's rollout: what dispatches its
+	// episodes again after a restart.
+	Cluster *clusterRollout `json:"cluster,omitempty"`
 }
 
 // episodeRecord is an episode as indexed. Env-mode episodes have no rollout.

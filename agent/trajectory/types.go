@@ -472,6 +472,10 @@ type Termination struct {
 	Message string `json:"message,omitempty"`
 	// Step is the index of the last step recorded.
 	Step int `json:"step"`
+	// Interrupted marks an episode that ended cancelled because the
+	// process running it was lost after it had asked the policy (a cluster
+	// worker killed mid-episode): what it journaled is kept, no reward.
+	Interrupted bool `json:"interrupted,omitempty"`
 	// Answer and IDs are what finish was given.
 	Answer *string  `json:"answer,omitempty"`
 	IDs    []string `json:"ids,omitempty"`

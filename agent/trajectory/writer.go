@@ -58,10 +58,18 @@ type Writer struct {
 	f       *os.File // the journal, open from the first line to End
 	t       *Trajectory
 	ended   bool
+	// tee, when set, is given every journal line after it is written.
+	tee func(line []byte) error
 }
 
 // NewWriter starts the record of t in dir, writing its header at once.
-func NewWriter(dir string, t *Trajectory) (*Writer, error) {
+func NewWriter(dir string, t *Trajectory) (*Writer, error) { return NewWriterTee(dir, t, nil) }
+
+// NewWriterTee is NewWriter whose every journal line (header, sandbox,
+// steps, events, sub-agents, end; without its newline) is also given to tee
+// once written, in order, under the writer's lock: a cluster worker streams
+// the journal to its coordinator this way. An error of tee is the line's.
+func NewWriterTee(dir string, t *Trajectory, tee func(line []byte) error) (*Writer, error) {
 	if t.EpisodeID == "" || strings.ContainsAny(t.EpisodeID, `/\`) || strings.HasPrefix(t.EpisodeID, ".") {
 		return nil, fmt.Errorf("trajectory: episode id %q is not a safe file name", t.EpisodeID)
 	}
@@ -75,7 +83,7 @@ func NewWriter(dir string, t *Trajectory) (*Writer, error) {
 	if t.ContextEvents == nil {
 		t.ContextEvents = []ContextEvent{}
 	}
-	w := &Writer{dir: dir, t: t,
+	w := &Writer{dir: dir, t: t, tee: tee,
 		partial: filepath.Join(dir, t.EpisodeID+PartialSuffix),
 		final:   filepath.Join(dir, t.EpisodeID+".json")}
 	head := *t
@@ -131,6 +139,11 @@ func (w *Writer) append(kind string, v any) error {
 	}
 	if _, err := w.f.Write(append(line, '\n')); err != nil {
 		return fmt.Errorf("trajectory: %w", err)
+	}
+	if w.tee != nil {
+		if err := w.tee(line); err != nil {
+			return fmt.Errorf("trajectory %s: %w", kind, err)
+		}
 	}
 	return nil
 }

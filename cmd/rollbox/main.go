@@ -123,7 +123,7 @@ Docs: README.md and docs/ in the repository.`,
 		c.GroupID = "sandboxes"
 		root.AddCommand(c)
 	}
-	for _, c := range []*cobra.Command{newServeCmd(env), newImportCmd(env), newBenchCmd(env)} {
+	for _, c := range []*cobra.Command{newServeCmd(env), newWorkerCmd(env), newImportCmd(env), newBenchCmd(env)} {
 		c.GroupID = "service"
 		root.AddCommand(c)
 	}

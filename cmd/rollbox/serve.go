@@ -25,6 +25,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rollbox/rollbox/agent"
+	"github.com/rollbox/rollbox/internal/cluster"
 	"github.com/rollbox/rollbox/runtime"
 	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/sandbox/auditlog"
@@ -80,8 +81,20 @@ stderr.`,
 	auditLog := fs.String("audit-log", "", "append every sandbox call to this hash-chained log `FILE`, rotated past 64 MiB into FILE.1 ... FILE.8 (default $ROLLBOX_AUDIT_LOG, else DATA/audit.jsonl)")
 	noAuditLog := fs.Bool("no-audit-log", false, "keep no audit log")
 	debugAddr := fs.String("debug-addr", "", "serve Go's profiles (net/http/pprof: heap, goroutines, CPU) on this loopback `HOST:PORT`, apart from the API")
+	clusterURL := fs.String("cluster", "", "coordinate rollout workers (rollbox worker) over the NATS JetStream server at `nats://HOST:PORT`: admitted episodes are published to them instead of run here (docs/scale-out.md)")
+	heartbeat := fs.Duration("heartbeat", cluster.DefaultHeartbeat, "with --cluster: the workers' heartbeat interval; a worker unheard for 3 intervals is taken for lost")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx := cmd.Context()
+		var clusterOpts *runtime.ClusterOptions
+		if *clusterURL != "" {
+			if err := cluster.CheckURL(*clusterURL); err != nil {
+				return usagef("%v", err)
+			}
+			if *heartbeat <= 0 {
+				return usagef("--heartbeat %s: must be positive", *heartbeat)
+			}
+			clusterOpts = &runtime.ClusterOptions{URL: *clusterURL, Heartbeat: *heartbeat}
+		}
 		if err := sandbox.CheckBackend(*backendName); err != nil {
 			return usagef("--backend %v", err)
 		}
@@ -269,7 +282,7 @@ stderr.`,
 			ConfigureEpisode: indexes.configure, Registry: reg, Logger: log, Limits: limits,
 			HTTP: runtime.HTTPTimeouts{Read: *readTimeout, Write: *writeTimeout, Idle: *idleTimeout}, Maxima: maxima,
 			Tenants: tenants, AllowedHosts: hosts, OutcomeSpec: outcomeSpec, Redactor: redactor,
-			Judge: env.judgeOptions(jf, judgeSpecs(catalog)),
+			Judge: env.judgeOptions(jf, judgeSpecs(catalog)), Cluster: clusterOpts,
 			Backends: runtime.BackendFunc(func(ctx context.Context, name string) (sandbox.Backend, error) {
 				return backends.get(ctx, name)
 			}),

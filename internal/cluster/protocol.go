@@ -124,6 +124,9 @@ const (
 
 	ActionAck   = "ack"
 	ActionRetry = "retry"
+	// ActionDrop: the attempt is no longer the episode's (its worker was
+	// taken for lost and the episode decided without it): leave the item.
+	ActionDrop = "drop"
 )
 
 // MissedHeartbeats is how many heartbeat intervals a worker may stay

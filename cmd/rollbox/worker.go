@@ -1,0 +1,97 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
+	"github.com/rollbox/rollbox/internal/cluster"
+	"github.com/rollbox/rollbox/runtime"
+	"github.com/rollbox/rollbox/sandbox"
+)
+
+// newWorkerCmd is `rollbox worker`: it runs the episodes a coordinator
+// (rollbox serve --cluster) dispatches over NATS JetStream.
+func newWorkerCmd(env *cliEnv) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "worker --cluster nats://HOST:PORT --backend B --slots N [flags]",
+		Short: "Run the episodes of a coordinator (rollbox serve --cluster)",
+		Long: `Run rollout episodes for a coordinator (rollbox serve --cluster) over the NATS
+JetStream server at --cluster: pull work items of --backend within --slots, run
+each with the same engine as a single host (sandboxes, tools, rewards), stream
+its journal back step by step, and ack the item once the coordinator has stored
+the episode. Heartbeats announce the worker (GET /v1/workers on the
+coordinator). On SIGTERM or SIGINT it takes no more work and finishes what it
+runs. The policy API key is the worker's own ($OPENAI_API_KEY). Logs are JSON
+lines on stderr. See docs/scale-out.md.`,
+		Example: `  rollbox worker --cluster nats://10.0.0.5:4222 --backend docker --slots 64`,
+		Args:    noArgs,
+	}
+	fs := cmd.Flags()
+	fs.SortFlags = false
+	url := fs.String("cluster", "", "the NATS JetStream server, `nats://HOST:PORT` (required)")
+	backendName := fs.String("backend", defaultBackend, "sandbox backend it runs: wasm, docker or containerd")
+	slots := fs.Int("slots", 0, "episodes it runs at once (required)")
+	policyConc := fs.Int("policy-concurrency", 0, "policy calls in flight per endpoint (default --slots)")
+	id := fs.String("id", "", "worker `ID` (letters, digits, - and _; default HOST-PID)")
+	data := fs.String("data", "", "`DIR` for the journals of the episodes it runs, each removed once stored by the coordinator (default a directory under the system's temp dir)")
+	heartbeat := fs.Duration("heartbeat", cluster.DefaultHeartbeat, "heartbeat interval (the coordinator's --heartbeat)")
+	warm := fs.Int("warm", 0, "most warm sandboxes kept per spec")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		ctx := cmd.Context()
+		if *url == "" {
+			return usagef("--cluster is required: the NATS server's nats://HOST:PORT")
+		}
+		if err := cluster.CheckURL(*url); err != nil {
+			return usagef("%v", err)
+		}
+		if err := sandbox.CheckBackend(*backendName); err != nil {
+			return usagef("--backend %v", err)
+		}
+		if *slots < 1 {
+			return usagef("--slots %d: must be at least 1", *slots)
+		}
+		if *policyConc < 0 || *warm < 0 || *heartbeat <= 0 {
+			return usagef("--policy-concurrency and --warm may not be negative, --heartbeat must be positive")
+		}
+		var level slog.Level
+		if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+			return usagef("--log-level: %v", err)
+		}
+		log := slog.New(slog.NewJSONHandler(env.stderr, &slog.HandlerOptions{Level: level}))
+		dir := *data
+		if dir == "" {
+			d, err := os.MkdirTemp("", "rollbox-worker-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(d)
+			dir = d
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		// Like serve, the worker's containers carry an owner label of its
+		// own (its data directory's): a restart removes what it left.
+		cfg := env.cfg
+		if cfg.owner == "" {
+			cfg.owner = serviceOwner(dir)
+		}
+		if *backendName != sandbox.BackendWASM {
+			gcOwner(ctx, log, cfg)
+		}
+		backends := newBackendSet(logLines{log}, cfg)
+		defer backends.Close()
+		host, _ := os.Hostname()
+		abs, _ := filepath.Abs(dir)
+		log.Info(fmt.Sprintf("worker on %s", *url), "data", abs, "owner", cfg.owner)
+		return runtime.RunWorker(ctx, runtime.WorkerOptions{URL: *url, ID: *id, Host: host, Backend: *backendName, Slots: *slots,
+			PolicyConcurrency: *policyConc, DataDir: dir, Heartbeat: *heartbeat, PolicyAPIKey: cfg.openAIKey, WarmPool: *warm, Logger: log,
+			Backends: runtime.BackendFunc(backends.get)})
+	}
+	return cmd
+}

@@ -1,0 +1,466 @@
+package cluster_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/internal/fakepolicy"
+	"github.com/rollbox/rollbox/runtime"
+	"github.com/rollbox/rollbox/sandbox"
+	"github.com/rollbox/rollbox/sandbox/wasm/wasmtest"
+)
+
+// The cluster tests run a real NATS JetStream server embedded in the test
+// process, the coordinator (runtime.Server with Cluster) in the test
+// process, and real `rollbox worker` processes of a binary built once per
+// test binary.
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+func rollboxBinary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "rollbox-cluster-test-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "rollbox")
+		out, err := exec.Command("go", "build", "-o", binPath, "github.com/rollbox/rollbox/cmd/rollbox").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}
+
+// natsServer is an embedded NATS server with JetStream storing in dir.
+type natsServer struct {
+	srv  *server.Server
+	url  string
+	dir  string
+	port int
+}
+
+// startNATS starts a NATS server on port (0: any free one) storing in dir
+// ("": a temp dir of t); it is shut down with t.
+func startNATS(t testing.TB, dir string, port int) *natsServer {
+	t.Helper()
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	if port == 0 {
+		port = -1
+	}
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("the embedded NATS server did not start")
+	}
+	n := &natsServer{srv: ns, url: ns.ClientURL(), dir: dir, port: ns.Addr().(*net.TCPAddr).Port}
+	t.Cleanup(n.stop)
+	return n
+}
+
+func (n *natsServer) stop() {
+	n.srv.Shutdown()
+	n.srv.WaitForShutdown()
+}
+
+// coordinator is a runtime.Server with Cluster behind an httptest server.
+type coordinator struct {
+	t    testing.TB
+	srv  *runtime.Server
+	http *httptest.Server
+	url  string
+	data string
+}
+
+func quietLogger() *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// wasmOnly opens the test binary's WASM backend for "wasm" (a single-host
+// run's engine; a coordinator opens none).
+func wasmOnly(t testing.TB) runtime.BackendSource {
+	be := wasmtest.Backend(t)
+	return runtime.BackendFunc(func(_ context.Context, name string) (sandbox.Backend, error) {
+		if name != sandbox.BackendWASM {
+			return nil, fmt.Errorf("backend %q is not in this test: %w", name, sandbox.ErrEngineUnavailable)
+		}
+		return be, nil
+	})
+}
+
+// startService opens a service on data ("": a temp dir); with natsURL it
+// is a coordinator.
+func startService(t testing.TB, data, natsURL string, mutate ...func(*runtime.Options)) *coordinator {
+	t.Helper()
+	if data == "" {
+		data = t.TempDir()
+	}
+	opts := runtime.Options{DataDir: data, Registry: prometheus.NewRegistry(), Logger: quietLogger()}
+	if natsURL != "" {
+		opts.Cluster = &runtime.ClusterOptions{URL: natsURL, Heartbeat: 200 * time.Millisecond}
+		opts.Backends = runtime.BackendFunc(func(_ context.Context, name string) (sandbox.Backend, error) {
+			return nil, fmt.Errorf("a coordinator opens no backend (%s): %w", name, sandbox.ErrEngineUnavailable)
+		})
+	} else {
+		opts.Backends = wasmOnly(t)
+	}
+	for _, m := range mutate {
+		m(&opts)
+	}
+	srv, err := runtime.Open(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := srv.Recovered(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	c := &coordinator{t: t, srv: srv, http: hs, url: hs.URL, data: data}
+	t.Cleanup(c.close)
+	return c
+}
+
+func (c *coordinator) close() {
+	if c.http == nil {
+		return
+	}
+	c.http.CloseClientConnections()
+	c.http.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.srv.Shutdown(ctx); err != nil {
+		c.t.Logf("coordinator shutdown: %v", err)
+	}
+	c.http = nil
+}
+
+// do sends a JSON request and decodes the answer into out (when non-nil).
+func (c *coordinator) do(method, path string, body, out any) int {
+	c.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, c.url+path, rd)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		c.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			c.t.Fatalf("%s %s: %d %s: %v", method, path, resp.StatusCode, raw, err)
+		}
+	}
+	return resp.StatusCode
+}
+
+// workers lists GET /v1/workers.
+func (c *coordinator) workers() []runtime.WorkerInfo {
+	var out struct {
+		Workers []runtime.WorkerInfo `json:"workers"`
+	}
+	c.do("GET", "/v1/workers", nil, &out)
+	return out.Workers
+}
+
+// waitWorkers waits until n workers are live.
+func (c *coordinator) waitWorkers(n int) {
+	c.t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		if len(c.workers()) == n {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	c.t.Fatalf("%d workers after 2 minutes, want %d: %+v", len(c.workers()), n, c.workers())
+}
+
+// submit posts a rollout and returns its id.
+func (c *coordinator) submit(req map[string]any) string {
+	c.t.Helper()
+	var out struct {
+		ID    string `json:"id"`
+		Error any    `json:"error"`
+	}
+	if code := c.do("POST", "/v1/rollouts", req, &out); code != http.StatusOK && code != http.StatusCreated && code != http.StatusAccepted {
+		c.t.Fatalf("POST /v1/rollouts: %d %v", code, out.Error)
+	}
+	return out.ID
+}
+
+// episodes streams a rollout's episodes until it ends (within limit).
+func (c *coordinator) episodes(id string, limit time.Duration) []*trajectory.Trajectory {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", c.url+"/v1/rollouts/"+id+"/episodes?stream=1", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		c.t.Fatalf("stream: %v", err)
+	}
+	defer resp.Body.Close()
+	var out []*trajectory.Trajectory
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for sc.Scan() {
+		t := &trajectory.Trajectory{}
+		if err := json.Unmarshal(sc.Bytes(), t); err != nil {
+			c.t.Fatalf("stream line: %v: %.200s", err, sc.Bytes())
+		}
+		out = append(out, t)
+	}
+	if err := sc.Err(); err != nil {
+		var st map[string]any
+		c.do("GET", "/v1/rollouts/"+id, nil, &st)
+		c.t.Fatalf("stream of %s ended with %v after %d episodes; status %v", id, err, len(out), st)
+	}
+	return out
+}
+
+// worker is a `rollbox worker` process.
+type worker struct {
+	id  string
+	cmd *exec.Cmd
+	log *bytes.Buffer
+	mu  *sync.Mutex
+}
+
+type syncBuffer struct {
+	mu *sync.Mutex
+	b  *bytes.Buffer
+}
+
+func (s syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// startWorker starts `rollbox worker` with args after the common ones; it
+// is killed with t.
+func startWorker(t testing.TB, natsURL, id, backend string, slots int, args ...string) *worker {
+	t.Helper()
+	bin := rollboxBinary(t)
+	all := append([]string{"worker", "--cluster", natsURL, "--id", id, "--backend", backend, "--slots", fmt.Sprint(slots),
+		"--heartbeat", "200ms", "--data", t.TempDir()}, args...)
+	cmd := exec.Command(bin, all...)
+	w := &worker{id: id, cmd: cmd, log: &bytes.Buffer{}, mu: &sync.Mutex{}}
+	cmd.Stderr = syncBuffer{w.mu, w.log}
+	cmd.Stdout = cmd.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Signal(syscall.SIGTERM)
+			done := make(chan struct{})
+			go func() { cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(20 * time.Second):
+				cmd.Process.Kill()
+				<-done
+			}
+		}
+		if t.Failed() || testing.Verbose() {
+			t.Logf("worker %s log:\n%s", id, w.logText())
+		}
+	})
+	return w
+}
+
+func (w *worker) logText() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.log.String()
+}
+
+// kill SIGKILLs the worker and reaps it.
+func (w *worker) kill() {
+	w.cmd.Process.Kill()
+	w.cmd.Wait()
+}
+
+// exactTasks are n WASM tasks answered by the scripted policy below: one
+// bash call, then finish with "a"; even tasks expect "a" (reward 1), odd
+// ones "b" (reward 0).
+func exactTasks(n int) []map[string]any {
+	var tasks []map[string]any
+	for i := range n {
+		want := "a"
+		if i%2 == 1 {
+			want = "b"
+		}
+		tasks = append(tasks, map[string]any{"id": fmt.Sprintf("t%d", i), "prompt": "Answer.",
+			"sandbox": map[string]any{"backend": "wasm"}, "files": map[string]string{"/work/n": fmt.Sprint(i)},
+			"tools": []string{"bash", "finish"}, "reward": map[string]any{"type": "exact", "answer": want}})
+	}
+	return tasks
+}
+
+// scripted answers every conversation the same: `cat /work/n`, then
+// finish "a".
+func scripted(latency time.Duration) *fakepolicy.Server {
+	return mustPolicy(fakepolicy.Config{Latency: latency, Responder: fakepolicy.Script(
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "bash", Arguments: `{"command":"cat /work/n"}`}}},
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "finish", Arguments: `{"answer":"a"}`}}},
+	)})
+}
+
+func mustPolicy(cfg fakepolicy.Config) *fakepolicy.Server {
+	p, err := fakepolicy.Start(cfg)
+	if err != nil {
+		panic(err)
+	}
+	return p
+}
+
+// outcome is what must be the same on every host: per episode (rollout id
+// stripped) its end, reward and group statistics.
+type outcome struct {
+	Reason       string
+	Reward       string
+	GroupMean    float64
+	Advantage    float64
+	ZeroVariance bool
+}
+
+func outcomes(t testing.TB, ts []*trajectory.Trajectory) map[string]outcome {
+	t.Helper()
+	out := map[string]outcome{}
+	for _, tr := range ts {
+		key := strings.TrimPrefix(tr.EpisodeID, tr.RolloutID+".")
+		if _, dup := out[key]; dup {
+			t.Errorf("episode %s streamed twice", tr.EpisodeID)
+		}
+		o := outcome{}
+		if tr.Termination != nil {
+			o.Reason = tr.Termination.Reason
+		}
+		if v, ok := tr.Value(); ok {
+			o.Reward = fmt.Sprint(v)
+		}
+		if tr.Group != nil {
+			o.GroupMean, o.Advantage, o.ZeroVariance = tr.Group.RewardMean, tr.Group.Advantage, tr.Group.ZeroVariance
+		}
+		out[key] = o
+	}
+	return out
+}
+
+func compareOutcomes(t testing.TB, got, want map[string]outcome) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Errorf("%d episodes, want %d", len(got), len(want))
+	}
+	bad := 0
+	for k, w := range want {
+		if g, ok := got[k]; !ok || g != w {
+			if bad++; bad <= 10 {
+				t.Errorf("episode %s: over workers %+v, on one host %+v", k, g, w)
+			}
+		}
+	}
+}
+
+func rolloutRequest(policyURL string, tasks []map[string]any, group int, extra map[string]any) map[string]any {
+	req := map[string]any{"tasks": tasks, "group_size": group, "policy": map[string]any{"base_url": policyURL, "model": "fake-model"}}
+	for k, v := range extra {
+		req[k] = v
+	}
+	return req
+}
+
+// TestRolloutOverWorkersMatchesOneHost: a rollout dispatched to two WASM
+// workers ends every episode once, with the records, rewards and group
+// statistics of the same rollout run on one host; GET /v1/workers lists
+// the workers.
+func TestRolloutOverWorkersMatchesOneHost(t *testing.T) {
+	pol := scripted(0)
+	defer pol.Close()
+	tasks, group := exactTasks(6), 4
+
+	single := startService(t, "", "")
+	want := outcomes(t, single.episodes(single.submit(rolloutRequest(pol.URL(), tasks, group, nil)), 2*time.Minute))
+
+	ns := startNATS(t, "", 0)
+	coord := startService(t, "", ns.url)
+	startWorker(t, ns.url, "w1", "wasm", 4)
+	startWorker(t, ns.url, "w2", "wasm", 4)
+	coord.waitWorkers(2)
+	ws := coord.workers()
+	for _, w := range ws {
+		if w.Slots != 4 || len(w.Backends) != 1 || w.Backends[0] != "wasm" || w.Host == "" || w.LastSeen.IsZero() {
+			t.Errorf("worker %+v: want 4 wasm slots, a host and a last_seen", w)
+		}
+	}
+	id := coord.submit(rolloutRequest(pol.URL(), tasks, group, nil))
+	got := coord.episodes(id, 3*time.Minute)
+	compareOutcomes(t, outcomes(t, got), want)
+	for _, tr := range got {
+		if len(tr.Steps) != 4 || tr.Sandbox.Backend != "wasm" {
+			t.Errorf("episode %s: %d steps on %q, want 4 (two turns, two tool results) on wasm", tr.EpisodeID, len(tr.Steps), tr.Sandbox.Backend)
+			break
+		}
+	}
+	var st struct {
+		State        string `json:"state"`
+		EpisodesDone int    `json:"episodes_done"`
+	}
+	coord.do("GET", "/v1/rollouts/"+id, nil, &st)
+	if st.State != "done" || st.EpisodesDone != len(tasks)*group {
+		t.Errorf("rollout %s: %+v, want done with %d episodes", id, st, len(tasks)*group)
+	}
+}

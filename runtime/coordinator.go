@@ -1,0 +1,951 @@
+package runtime
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rollbox/rollbox/agent"
+	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/internal/cluster"
+)
+
+// ClusterOptions make the service a coordinator of rollout workers over
+// NATS JetStream (internal/cluster has the protocol): admitted episodes are
+// published as work items instead of run here.
+type ClusterOptions struct {
+	// URL is the NATS server (nats://HOST:PORT).
+	URL string
+	// Heartbeat is the workers' heartbeat interval the coordinator expects
+	// (default cluster.DefaultHeartbeat); a worker unheard for
+	// cluster.MissedHeartbeats intervals is lost.
+	Heartbeat time.Duration
+}
+
+// episodeRunner starts the episodes the scheduler hands it, in its fair
+// order: the local runner runs them in this process (Server.startJob); the
+// coordinator publishes them to workers (coordinator.dispatch).
+type episodeRunner interface {
+	start(*job)
+}
+
+// localRunner runs episodes in this process.
+type localRunner struct{ s *Server }
+
+func (l localRunner) start(j *job) { l.s.startJob(j) }
+
+// dispatched is an episode handed to the workers, until it ends.
+type dispatched struct {
+	j *job
+	// claim is the current attempt's (zero before the first claim; an
+	// empty Worker: none holds it).
+	claim claimRecord
+	// claimedAt is when the claim was made (or found, after a restart).
+	claimedAt time.Time
+	// nextSeq is the next journal line expected of the attempt.
+	nextSeq int
+	// deciding is set while an attempt's end (or its loss) is being
+	// decided: one decision at a time.
+	deciding bool
+	ended    bool
+}
+
+// claimRecord is an attempt as the coordinator keeps it on disk
+// (DATA/cluster/claims/<episode>.json), so that a restarted coordinator
+// knows who runs what and whether it asked the policy.
+type claimRecord struct {
+	Attempt    int    `json:"attempt"`
+	Worker     string `json:"worker,omitempty"`
+	AckSubject string `json:"ack_subject,omitempty"`
+	Delivery   uint64 `json:"delivery,omitempty"`
+	Asked      bool   `json:"asked,omitempty"`
+}
+
+// clusterRollout is what a coordinator keeps of a rollout beyond a single
+// host's record, to dispatch its episodes again after a restart.
+type clusterRollout struct {
+	Policy           cluster.Policy `json:"policy"`
+	RetryInterrupted bool           `json:"retry_interrupted,omitempty"`
+	TrainStep        int64          `json:"train_step,omitempty"`
+}
+
+// workerState is a worker as its heartbeats show it.
+type workerState struct {
+	hb       cluster.Heartbeat
+	lastSeen time.Time
+}
+
+// coordinator dispatches a Server's episodes to workers and stores what
+// they journal back. Its own files are under DATA/cluster: journals/ (the
+// journals of the episodes in flight, apart from the single-host ones so
+// that a restart's recovery leaves them be) and claims/.
+type coordinator struct {
+	s           *Server
+	nc          *nats.Conn
+	js          jetstream.JetStream
+	heartbeat   time.Duration
+	journalsDir string
+	claimsDir   string
+	started     time.Time
+	// resumed is closed once the rollouts a previous process left are
+	// dispatched again: the journal is consumed only then.
+	resumed chan struct{}
+	// processed is the last journal stream sequence handled in order.
+	processed atomic.Uint64
+
+	dispatchedTotal prometheus.Counter
+	lostTotal       *prometheus.CounterVec // outcome: retried, interrupted
+	journalTotal    prometheus.Counter
+	workersGauge    prometheus.GaugeFunc
+	slotsGauge      *prometheus.GaugeVec
+
+	mu      sync.Mutex
+	eps     map[string]*dispatched
+	workers map[string]*workerState
+	files   map[string]*os.File // journals being appended (the consumer's)
+}
+
+// newCoordinator connects to NATS and sets up the streams; run consumes.
+func newCoordinator(s *Server, o ClusterOptions) (*coordinator, error) {
+	nc, js, err := cluster.Connect(o.URL, "rollbox-coordinator")
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := cluster.EnsureStreams(ctx, js); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	c := &coordinator{s: s, nc: nc, js: js, heartbeat: o.Heartbeat, eps: map[string]*dispatched{},
+		workers: map[string]*workerState{}, files: map[string]*os.File{}, started: time.Now(), resumed: make(chan struct{}),
+		journalsDir: filepath.Join(s.st.dir, "cluster", "journals"), claimsDir: filepath.Join(s.st.dir, "cluster", "claims")}
+	for _, d := range []string{c.journalsDir, c.claimsDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("cluster: %w", err)
+		}
+	}
+	if c.heartbeat <= 0 {
+		c.heartbeat = cluster.DefaultHeartbeat
+	}
+	c.dispatchedTotal = prometheus.NewCounter(prometheus.CounterOpts{Name: "rollbox_cluster_dispatched_total",
+		Help: "Episodes published to workers as work items."})
+	c.lostTotal = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rollbox_cluster_lost_attempts_total",
+		Help: "Attempts lost with their worker, by what became of the episode: retried (run again elsewhere) or interrupted (ended cancelled with its partial journal)."}, []string{"outcome"})
+	c.journalTotal = prometheus.NewCounter(prometheus.CounterOpts{Name: "rollbox_cluster_journal_messages_total",
+		Help: "Journal messages consumed from the workers."})
+	c.workersGauge = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rollbox_cluster_workers",
+		Help: "Workers heard from within their heartbeat window."}, func() float64 {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return float64(len(c.workers))
+	})
+	c.slotsGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "rollbox_cluster_slots",
+		Help: "Episode slots of the live workers, by backend."}, []string{"backend"})
+	s.registry.MustRegister(c.dispatchedTotal, c.lostTotal, c.journalTotal, c.workersGauge, c.slotsGauge)
+	return c, nil
+}
+
+// journalPath is where the coordinator keeps an episode's journal while it
+// runs on a worker.
+func (c *coordinator) journalPath(id string) string {
+	return filepath.Join(c.journalsDir, id+trajectory.PartialSuffix)
+}
+
+// saveClaim keeps an attempt's claim on disk (see claimRecord).
+func (c *coordinator) saveClaim(id string, cl claimRecord) {
+	b, _ := json.Marshal(cl)
+	if err := os.WriteFile(filepath.Join(c.claimsDir, id+".json"), b, 0o644); err != nil {
+		c.s.log.Error("cluster: keeping a claim", "episode", id, "err", err)
+	}
+}
+
+func (c *coordinator) readClaim(id string) (claimRecord, bool) {
+	var cl claimRecord
+	b, err := os.ReadFile(filepath.Join(c.claimsDir, id+".json"))
+	if err != nil {
+		return cl, false
+	}
+	if json.Unmarshal(b, &cl) != nil {
+		// Torn as the process died: it asked, to be safe (no silent
+		// re-run of a sampled episode).
+		cl.Asked = true
+	}
+	return cl, true
+}
+
+func (c *coordinator) dropClaim(id string) { os.Remove(filepath.Join(c.claimsDir, id+".json")) }
+
+// run consumes the core subjects and, once the rollouts a previous process
+// left are dispatched again, the journal stream, until ctx ends.
+func (c *coordinator) run(ctx context.Context) error {
+	claims, err := c.nc.QueueSubscribe(cluster.ClaimSubject, cluster.CoordinatorQueue, func(m *nats.Msg) { go c.onClaim(m) })
+	if err != nil {
+		return err
+	}
+	defer claims.Unsubscribe()
+	hbs, err := c.nc.Subscribe(cluster.HeartbeatSubjectPrefix+"*", c.onHeartbeat)
+	if err != nil {
+		return err
+	}
+	defer hbs.Unsubscribe()
+	go c.reapWorkers(ctx)
+	select {
+	case <-c.resumed:
+	case <-ctx.Done():
+		return nil
+	}
+	var cons jetstream.Consumer
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		cons, err = c.js.CreateOrUpdateConsumer(cctx, cluster.JournalStream, cluster.JournalConsumerConfig())
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		c.s.log.Warn("cluster: JetStream consumer of the journal; retrying", "err", err)
+		time.Sleep(time.Second)
+	}
+	// The iterator is made again when it closes (NATS away too long).
+	for ctx.Err() == nil {
+		it, err := cons.Messages(jetstream.PullMaxMessages(512))
+		if err != nil {
+			c.s.log.Warn("cluster: reading the journal stream; retrying", "err", err)
+			time.Sleep(time.Second)
+			continue
+		}
+		stop := context.AfterFunc(ctx, it.Stop)
+		for {
+			msg, err := it.Next()
+			if err != nil {
+				if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+					break
+				}
+				if ctx.Err() == nil {
+					c.s.log.Warn("cluster: reading the journal stream", "err", err)
+				}
+				continue
+			}
+			c.onJournal(msg)
+		}
+		stop()
+		it.Stop()
+	}
+	return nil
+}
+
+// close stops talking to NATS; the journals being appended are closed.
+func (c *coordinator) close() {
+	c.nc.Drain()
+	c.mu.Lock()
+	for id, f := range c.files {
+		f.Close()
+		delete(c.files, id)
+	}
+	c.mu.Unlock()
+}
+
+// start publishes a started job as a work item (episodeRunner). It is
+// called by the scheduler's dispatcher in fair order; the publish is
+// retried while NATS is away.
+func (c *coordinator) start(j *job) {
+	s, r := c.s, j.r
+	s.metrics.Episodes.WithLabelValues("queued").Dec()
+	s.metrics.Episodes.WithLabelValues("running").Inc()
+	r.mu.Lock()
+	r.running++
+	first := r.rec.State == RolloutQueued
+	if first {
+		r.rec.State = RolloutRunning
+	}
+	r.mu.Unlock()
+	if first {
+		s.saveRollout(r)
+	}
+	d := &dispatched{j: j}
+	if cl, ok := c.readClaim(j.ep.rec.ID); ok {
+		d.claim.Attempt = cl.Attempt // attempts before a restart
+	}
+	c.mu.Lock()
+	c.eps[j.ep.rec.ID] = d
+	c.mu.Unlock()
+	c.publish(j)
+}
+
+// publish publishes a job's work item (msg id: the episode id), retrying
+// while NATS is away.
+func (c *coordinator) publish(j *job) {
+	s, r, e := c.s, j.r, j.ep
+	item := cluster.WorkItem{EpisodeID: e.rec.ID, RolloutID: r.id, GroupID: e.rec.GroupID, GroupIndex: e.rec.GroupIndex,
+		TaskIndex: e.rec.TaskIndex, Task: r.rec.Tasks[e.rec.TaskIndex], Backend: j.plan.backend, Policy: *r.wire, TrainStep: r.trainStep}
+	body, _ := json.Marshal(item)
+	subject := cluster.WorkSubject(j.plan.backend, e.rec.ID)
+	for attempt := 0; ; attempt++ {
+		ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
+		_, err := c.js.Publish(ctx, subject, body, jetstream.WithMsgID(e.rec.ID))
+		cancel()
+		if err == nil {
+			c.dispatchedTotal.Inc()
+			return
+		}
+		if s.ctx.Err() != nil {
+			return // shutting down: a restart dispatches it again
+		}
+		if attempt%20 == 0 {
+			s.log.Warn("cluster: publishing a work item failed; retrying", "episode", e.rec.ID, "err", err)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// onClaim answers a worker's Claim.
+func (c *coordinator) onClaim(m *nats.Msg) {
+	var cl cluster.Claim
+	if err := json.Unmarshal(m.Data, &cl); err != nil || cl.EpisodeID == "" || cl.Worker == "" {
+		c.reply(m, cluster.ClaimReply{Decision: cluster.DecisionSkip, Reason: "malformed claim"})
+		return
+	}
+	for {
+		c.mu.Lock()
+		d := c.eps[cl.EpisodeID]
+		switch {
+		case d == nil || d.ended:
+			c.mu.Unlock()
+			c.reply(m, c.unknownClaim(cl.EpisodeID))
+			return
+		case d.deciding:
+			c.mu.Unlock()
+			time.Sleep(20 * time.Millisecond)
+			continue
+		case d.claim.Worker == "":
+			d.claim = claimRecord{Attempt: d.claim.Attempt + 1, Worker: cl.Worker, AckSubject: cl.AckSubject, Delivery: cl.Delivery}
+			d.nextSeq, d.claimedAt = 0, time.Now()
+			rec := d.claim
+			c.mu.Unlock()
+			c.saveClaim(cl.EpisodeID, rec)
+			c.reply(m, cluster.ClaimReply{Decision: cluster.DecisionRun, Attempt: rec.Attempt})
+			return
+		case d.claim.Worker == cl.Worker && d.claim.Delivery == cl.Delivery:
+			attempt := d.claim.Attempt // the same claim again (its answer was lost)
+			c.mu.Unlock()
+			c.reply(m, cluster.ClaimReply{Decision: cluster.DecisionRun, Attempt: attempt})
+			return
+		}
+		// Redelivered while an attempt is on record: that attempt was lost.
+		d.deciding = true
+		c.mu.Unlock()
+		c.lost(d, fmt.Sprintf("its work item was redelivered (delivery %d) to worker %s", cl.Delivery, cl.Worker), false)
+	}
+}
+
+// unknownClaim answers the claim of an episode not in flight here: ended
+// (a duplicate) or not known (yet).
+func (c *coordinator) unknownClaim(id string) cluster.ClaimReply {
+	rec, err := c.s.st.episode(id)
+	if err == nil && rec != nil && rec.State == episodeDone {
+		return cluster.ClaimReply{Decision: cluster.DecisionSkip, Reason: "the episode has ended"}
+	}
+	if err == nil && rec == nil {
+		return cluster.ClaimReply{Decision: cluster.DecisionSkip, Reason: "no such episode"}
+	}
+	return cluster.ClaimReply{Decision: cluster.DecisionWait, Reason: "the coordinator does not hold this episode yet"}
+}
+
+func (c *coordinator) reply(m *nats.Msg, v any) {
+	b, _ := json.Marshal(v)
+	if err := m.Respond(b); err != nil {
+		c.s.log.Warn("cluster: answering a claim", "err", err)
+	}
+}
+
+// catchUp waits until the journal consumer has handled every message
+// published so far (bounded), so a decision about a lost attempt sees all
+// it journaled.
+func (c *coordinator) catchUp() {
+	ctx, cancel := context.WithTimeout(c.s.ctx, 5*time.Second)
+	defer cancel()
+	st, err := c.js.Stream(ctx, cluster.JournalStream)
+	if err != nil {
+		return
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return
+	}
+	last := info.State.LastSeq
+	for c.processed.Load() < last && ctx.Err() == nil {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// lost decides an attempt whose worker is gone (d.deciding is set by the
+// caller). One that never asked the policy is kept as an infrastructure
+// attempt and the episode runs again (its item nak'ed at once when
+// naknow), up to Limits.InfraAttempts attempts; one that asked ends the
+// episode cancelled, interrupted, with its partial journal — or runs again
+// when the rollout says retry_interrupted.
+func (c *coordinator) lost(d *dispatched, why string, naknow bool) {
+	c.catchUp()
+	s, r, e := c.s, d.j.r, d.j.ep
+	c.mu.Lock()
+	cl := d.claim
+	if f := c.files[e.rec.ID]; f != nil {
+		f.Close()
+		delete(c.files, e.rec.ID)
+	}
+	c.mu.Unlock()
+	msg := fmt.Sprintf("worker %s was lost in attempt %d: %s", cl.Worker, cl.Attempt, why)
+	journal := c.journalPath(e.rec.ID)
+	t, rerr := trajectory.Recover(journal)
+	if rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+		s.log.Warn("cluster: reading a lost attempt's journal", "episode", e.rec.ID, "err", rerr)
+	}
+	if t == nil {
+		t = unstartedTrajectory(e.rec, e.task, r.backend, r.rec.Policy, trajectory.EndInterrupted, msg)
+	}
+	retry := (!cl.Asked || r.retryInterrupted) && cl.Attempt < s.limits.InfraAttempts
+	if retry {
+		if t.Termination != nil && t.Termination.Reason == trajectory.EndInterrupted {
+			t.Termination.Message = msg
+		}
+		if err := trajectory.WriteFile(filepath.Join(s.st.attemptsDir, fmt.Sprintf("%s.%d.json", e.rec.ID, cl.Attempt)), t); err != nil {
+			s.log.Error("cluster: keeping a lost attempt", "episode", e.rec.ID, "err", err)
+		}
+		os.Remove(journal)
+		if !cl.Asked {
+			r.mu.Lock()
+			r.rec.InfraRetries++
+			r.mu.Unlock()
+			s.metrics.InfraRetries.WithLabelValues(d.j.plan.backend).Inc()
+		}
+		c.lostTotal.WithLabelValues("retried").Inc()
+		s.log.Warn("cluster: attempt lost; the episode runs again", "episode", e.rec.ID, "attempt", cl.Attempt, "asked", cl.Asked, "why", why)
+		c.mu.Lock()
+		d.claim = claimRecord{Attempt: cl.Attempt}
+		d.nextSeq, d.deciding = 0, false
+		c.mu.Unlock()
+		c.saveClaim(e.rec.ID, d.claim)
+		if naknow && cl.AckSubject != "" {
+			c.nc.Publish(cl.AckSubject, []byte("-NAK"))
+		}
+		return
+	}
+	if cl.Asked {
+		// The policy's tokens were spent: a re-run would be another
+		// sample. The episode ends with what it journaled.
+		t.Termination = &trajectory.Termination{Reason: trajectory.EndCancelled, Interrupted: true, Message: msg, Step: len(t.Steps) - 1}
+	} else {
+		msg += fmt.Sprintf("; %d attempts were lost before the policy was asked", cl.Attempt)
+		t.Termination = &trajectory.Termination{Reason: trajectory.EndSandboxError, Message: msg, Step: len(t.Steps) - 1}
+	}
+	t.Reward = nil
+	c.lostTotal.WithLabelValues("interrupted").Inc()
+	s.log.Warn("cluster: attempt lost; the episode ends with its partial journal", "episode", e.rec.ID, "attempt", cl.Attempt, "asked", cl.Asked, "why", why)
+	c.finish(d, t, journal)
+	if cl.AckSubject != "" {
+		c.nc.Publish(cl.AckSubject, []byte("+TERM"))
+	}
+}
+
+// finish stores an episode's record and its end (the index, the rollout's
+// counts and groups), then releases its slot.
+func (c *coordinator) finish(d *dispatched, t *trajectory.Trajectory, journal string) {
+	s, r, e := c.s, d.j.r, d.j.ep
+	c.mu.Lock()
+	if d.ended {
+		c.mu.Unlock()
+		return
+	}
+	d.ended = true
+	delete(c.eps, e.rec.ID)
+	c.mu.Unlock()
+	var err error
+	if werr := trajectory.WriteFile(s.st.trajectoryPath(e.rec.ID), t); werr != nil {
+		err = &agent.RecordError{EpisodeID: e.rec.ID, Err: werr}
+		t = nil
+	} else if journal != "" {
+		os.Remove(journal)
+	}
+	s.metrics.Episodes.WithLabelValues("running").Dec()
+	r.mu.Lock()
+	r.running--
+	r.mu.Unlock()
+	s.endEpisode(r, e, t, err)
+	c.dropClaim(e.rec.ID)
+	s.sched.done(d.j)
+}
+
+// onJournal handles one message of the journal stream.
+func (c *coordinator) onJournal(msg jetstream.Msg) {
+	c.journalTotal.Inc()
+	defer func() {
+		if meta, err := msg.Metadata(); err == nil {
+			c.processed.Store(meta.Sequence.Stream)
+		}
+	}()
+	h := msg.Headers()
+	id, worker, kind := h.Get(cluster.HeaderEpisode), h.Get(cluster.HeaderWorker), h.Get(cluster.HeaderKind)
+	attempt, _ := strconv.Atoi(h.Get(cluster.HeaderAttempt))
+	c.mu.Lock()
+	d := c.eps[id]
+	if d == nil || d.ended || d.claim.Attempt != attempt || d.claim.Worker != worker {
+		c.mu.Unlock()
+		if kind == cluster.KindDone {
+			switch {
+			case d != nil && !d.ended:
+				c.stored(worker, id, attempt, cluster.ActionDrop) // an attempt taken for lost
+			default:
+				// Done again for an episode stored already (its Stored was lost).
+				if rec, err := c.s.st.episode(id); err == nil && rec != nil && rec.State == episodeDone {
+					c.stored(worker, id, attempt, cluster.ActionAck)
+				}
+			}
+		}
+		msg.Ack()
+		return
+	}
+	if d.deciding {
+		c.mu.Unlock()
+		if kind == cluster.KindDone {
+			msg.NakWithDelay(time.Second) // decided meanwhile: seen again after the decision
+			return
+		}
+		msg.Ack() // the attempt is being taken for lost: what it says now is not kept
+		return
+	}
+	switch kind {
+	case cluster.KindAsked:
+		d.claim.Asked = true
+		cl := d.claim
+		c.mu.Unlock()
+		c.saveClaim(id, cl)
+		msg.Ack()
+	case cluster.KindLine:
+		seq, _ := strconv.Atoi(h.Get(cluster.HeaderSeq))
+		if seq < d.nextSeq {
+			c.mu.Unlock()
+			msg.Ack() // had it
+			return
+		}
+		if seq > d.nextSeq {
+			c.s.log.Warn("cluster: journal lines missing", "episode", id, "attempt", attempt, "want", d.nextSeq, "got", seq)
+		}
+		d.nextSeq = seq + 1
+		f := c.files[id]
+		c.mu.Unlock()
+		if f == nil {
+			var err error
+			f, err = os.OpenFile(c.journalPath(id), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+			if err != nil {
+				c.s.log.Error("cluster: opening an episode's journal", "episode", id, "err", err)
+				c.mu.Lock()
+				d.nextSeq = seq
+				c.mu.Unlock()
+				msg.NakWithDelay(time.Second)
+				return
+			}
+			c.mu.Lock()
+			c.files[id] = f
+			c.mu.Unlock()
+		}
+		if _, err := f.Write(append(msg.Data(), '\n')); err != nil {
+			c.s.log.Error("cluster: appending to an episode's journal", "episode", id, "err", err)
+		}
+		msg.Ack()
+	case cluster.KindDone:
+		var done cluster.Done
+		json.Unmarshal(msg.Data(), &done)
+		d.deciding = true
+		if f := c.files[id]; f != nil {
+			f.Close()
+			delete(c.files, id)
+		}
+		c.mu.Unlock()
+		go func() {
+			c.done(d, worker, attempt, done)
+			msg.Ack()
+		}()
+	default:
+		c.mu.Unlock()
+		msg.Ack()
+	}
+}
+
+// done stores an ended attempt: the episode's record, or an infrastructure
+// attempt to retry; then tells the worker.
+func (c *coordinator) done(d *dispatched, worker string, attempt int, done cluster.Done) {
+	s, r, e := c.s, d.j.r, d.j.ep
+	journal := c.journalPath(e.rec.ID)
+	t, err := trajectory.Recover(journal)
+	if err != nil {
+		msg := "the worker's journal of this episode could not be read: " + err.Error()
+		if done.Error != "" {
+			msg = "the episode failed on worker " + worker + ": " + done.Error
+		}
+		t = unstartedTrajectory(e.rec, e.task, r.backend, r.rec.Policy, trajectory.EndSandboxError, msg)
+	}
+	if done.InfraFailure && attempt < s.limits.InfraAttempts {
+		if err := trajectory.WriteFile(filepath.Join(s.st.attemptsDir, fmt.Sprintf("%s.%d.json", e.rec.ID, attempt)), t); err != nil {
+			s.log.Error("cluster: keeping a failed attempt", "episode", e.rec.ID, "err", err)
+		}
+		os.Remove(journal)
+		r.mu.Lock()
+		r.rec.InfraRetries++
+		r.mu.Unlock()
+		s.metrics.InfraRetries.WithLabelValues(d.j.plan.backend).Inc()
+		s.log.Warn("infrastructure failure before the first policy call; retrying", "episode", e.rec.ID, "attempt", attempt, "worker", worker, "reason", done.Error)
+		c.mu.Lock()
+		d.claim = claimRecord{Attempt: attempt}
+		d.nextSeq, d.deciding = 0, false
+		c.mu.Unlock()
+		c.saveClaim(e.rec.ID, d.claim)
+		c.stored(worker, e.rec.ID, attempt, cluster.ActionRetry)
+		return
+	}
+	c.finish(d, t, journal)
+	c.stored(worker, e.rec.ID, attempt, cluster.ActionAck)
+}
+
+func (c *coordinator) stored(worker, id string, attempt int, action string) {
+	b, _ := json.Marshal(cluster.Stored{EpisodeID: id, Attempt: attempt, Action: action})
+	c.nc.Publish(cluster.StoredSubject(worker), b)
+}
+
+// onHeartbeat notes a worker.
+func (c *coordinator) onHeartbeat(m *nats.Msg) {
+	var hb cluster.Heartbeat
+	if err := json.Unmarshal(m.Data, &hb); err != nil || hb.ID == "" {
+		return
+	}
+	c.mu.Lock()
+	_, known := c.workers[hb.ID]
+	if hb.Leaving {
+		delete(c.workers, hb.ID)
+	} else {
+		w := c.workers[hb.ID]
+		if w == nil {
+			w = &workerState{}
+			c.workers[hb.ID] = w
+			c.s.log.Info("cluster: worker joined", "worker", hb.ID, "host", hb.Host, "backends", hb.Backends, "slots", hb.Slots)
+		}
+		w.hb, w.lastSeen = hb, time.Now()
+	}
+	c.mu.Unlock()
+	if !known || hb.Leaving {
+		c.resize()
+	}
+}
+
+// resize gives the scheduler the live workers' slots per backend.
+func (c *coordinator) resize() {
+	slots := map[string]int{}
+	c.mu.Lock()
+	for _, w := range c.workers {
+		for _, b := range w.hb.Backends {
+			slots[b] += w.hb.Slots
+		}
+	}
+	c.mu.Unlock()
+	c.slotsGauge.Reset()
+	for b, n := range slots {
+		c.slotsGauge.WithLabelValues(b).Set(float64(n))
+	}
+	c.s.sched.setClusterSlots(slots)
+}
+
+// reapWorkers drops workers unheard for cluster.MissedHeartbeats
+// intervals and decides the attempts of workers not live (lost, or not
+// heard from since this coordinator started: dead while it was away) once
+// their claim is older than that window.
+func (c *coordinator) reapWorkers(ctx context.Context) {
+	tick := time.NewTicker(c.heartbeat / 2)
+	defer tick.Stop()
+	grace := time.Duration(cluster.MissedHeartbeats) * c.heartbeat
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		now := time.Now()
+		var gone []string
+		c.mu.Lock()
+		for id, w := range c.workers {
+			iv := w.hb.Interval
+			if iv <= 0 {
+				iv = c.heartbeat
+			}
+			if now.Sub(w.lastSeen) > time.Duration(cluster.MissedHeartbeats)*iv {
+				gone = append(gone, id)
+				delete(c.workers, id)
+			}
+		}
+		var lostEps []*dispatched
+		for _, d := range c.eps {
+			if d.claim.Worker != "" && c.workers[d.claim.Worker] == nil && now.Sub(d.claimedAt) > grace && !d.ended && !d.deciding {
+				d.deciding = true
+				lostEps = append(lostEps, d)
+			}
+		}
+		c.mu.Unlock()
+		if len(gone) > 0 {
+			c.s.log.Warn("cluster: workers lost (no heartbeat)", "workers", gone)
+			c.resize()
+		}
+		for _, d := range lostEps {
+			go c.lost(d, "its heartbeat stopped", true)
+		}
+	}
+}
+
+// cancelRollout tells the workers to stop a rollout's episodes; those no
+// worker has claimed end now, unstarted.
+func (c *coordinator) cancelRollout(r *rollout, reason, message string) {
+	b, _ := json.Marshal(cluster.Cancel{RolloutID: r.id, Reason: reason, Message: message})
+	c.nc.Publish(cluster.CancelSubject, b)
+	var unclaimed []*dispatched
+	c.mu.Lock()
+	for _, d := range c.eps {
+		if d.j.r == r && d.claim.Worker == "" && !d.ended && !d.deciding {
+			d.deciding = true
+			unclaimed = append(unclaimed, d)
+		}
+	}
+	c.mu.Unlock()
+	for _, d := range unclaimed {
+		c.finish(d, unstartedTrajectory(d.j.ep.rec, d.j.ep.task, r.backend, r.rec.Policy, reason, message+" (before a worker took the episode)"), "")
+	}
+}
+
+// WorkerInfo is one worker in GET /v1/workers.
+type WorkerInfo struct {
+	ID       string    `json:"id"`
+	Host     string    `json:"host"`
+	Backends []string  `json:"backends"`
+	Slots    int       `json:"slots"`
+	Running  int       `json:"running"`
+	LastSeen time.Time `json:"last_seen"`
+}
+
+func (c *coordinator) workerList() []WorkerInfo {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]WorkerInfo, 0, len(c.workers))
+	for _, w := range c.workers {
+		out = append(out, WorkerInfo{ID: w.hb.ID, Host: w.hb.Host, Backends: w.hb.Backends, Slots: w.hb.Slots, Running: w.hb.Running, LastSeen: w.lastSeen.UTC()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// waitIdle waits until every dispatched episode has come back, or ctx
+// ends; it returns how many had not.
+func (c *coordinator) waitIdle(ctx context.Context) int {
+	for {
+		c.mu.Lock()
+		n := len(c.eps)
+		c.mu.Unlock()
+		if n == 0 || ctx.Err() != nil {
+			return n
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// clusterRefuses refuses, on a coordinator, what its workers cannot run
+// yet: orchestrator tasks (their sub-agents share the scheduler's slots),
+// prefix groups (one prefix run per group, on one host), search tasks (the
+// index is the coordinator's file) and max_staleness (announced versions
+// stay on the coordinator).
+func (s *Server) clusterRefuses(req *RolloutRequest, tasks []*agent.Task) error {
+	if s.coord == nil {
+		if req.RetryInterrupted {
+			return badField("retry_interrupted", "only a cluster coordinator (rollbox serve --cluster) loses attempts with their workers")
+		}
+		return nil
+	}
+	if req.MaxStaleness != nil {
+		return badField("max_staleness", "not supported by a cluster coordinator yet (rollbox serve --cluster)")
+	}
+	for i, t := range tasks {
+		field := fmt.Sprintf("tasks[%d]", i)
+		switch {
+		case t.Orchestrator != nil:
+			return badField(field+".orchestrator", "orchestrator tasks do not run on cluster workers yet (rollbox serve --cluster)")
+		case t.Prefix != nil:
+			return badField(field+".prefix", "tasks with a prefix do not run on cluster workers yet (rollbox serve --cluster)")
+		case t.Retriever != nil:
+			return badField(field+".retriever", "search tasks do not run on cluster workers yet: their index is the coordinator's (rollbox serve --cluster)")
+		}
+	}
+	return nil
+}
+
+// getWorkers answers GET /v1/workers: the live workers of a coordinator
+// (none on a single host).
+func (s *Server) getWorkers(w http.ResponseWriter, r *http.Request) error {
+	workers := []WorkerInfo{}
+	if s.coord != nil {
+		workers = s.coord.workerList()
+	}
+	writeHTTPJSON(w, http.StatusOK, map[string]any{"workers": workers})
+	return nil
+}
+
+// resume dispatches again the rollouts a previous coordinator left
+// unfinished (those with a cluster record) and returns the others, for the
+// single-host recovery. Of each, an episode whose record is written ends
+// as it says; one a worker may still hold (its work item is still in the
+// stream: not acknowledged, so not stored) is in flight again, with its
+// claim and journal as kept on disk; the rest are queued again. Nothing is
+// stored twice: a worker's Done for an episode already stored is answered
+// "ack", and an item still in the stream is never published again. The
+// journal is consumed only once resume has returned.
+func (c *coordinator) resume(unfinished []*rolloutRecord) (resumed []string, rest []*rolloutRecord) {
+	defer close(c.resumed)
+	for _, rr := range unfinished {
+		if rr.Cluster == nil || rr.State == RolloutCancelled {
+			rest = append(rest, rr)
+			continue
+		}
+		if err := c.resumeRollout(rr); err != nil {
+			c.s.log.Error("cluster: a rollout could not be dispatched again; it is recovered as on one host (interrupted)", "rollout", rr.ID, "err", err)
+			rest = append(rest, rr)
+			continue
+		}
+		resumed = append(resumed, rr.ID)
+	}
+	return resumed, rest
+}
+
+func (c *coordinator) resumeRollout(rr *rolloutRecord) error {
+	s := c.s
+	r, err := s.loadRollout(rr.ID)
+	if err != nil {
+		return err
+	}
+	if r == nil {
+		return fmt.Errorf("rollout %s is not in the store", rr.ID)
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, time.Minute)
+	defer cancel()
+	stream, err := c.js.Stream(ctx, cluster.WorkStream)
+	if err != nil {
+		return fmt.Errorf("JetStream stream %s: %w", cluster.WorkStream, err)
+	}
+	cl := rr.Cluster
+	wire := cl.Policy
+	r.wire, r.retryInterrupted, r.trainStep, r.info = &wire, cl.RetryInterrupted, cl.TrainStep, wire.Info
+	if rr.Schedule == ScheduleGroups {
+		conc := s.limits.PolicyConcurrency
+		if m := wire.MaxConcurrency; m > 0 && m < conc {
+			conc = m
+		}
+		r.window = groupWindow(conc, rr.GroupSize)
+	}
+	plans := map[int]*plan{}
+	var queued, inflight []*job
+	var ds []*dispatched
+	var ended []endedEpisode
+	now := time.Now()
+	for _, e := range r.episodes {
+		if e.rec.State == episodeDone {
+			continue
+		}
+		if t, err := trajectory.Read(s.st.trajectoryPath(e.rec.ID)); err == nil && t.Termination != nil {
+			ended = append(ended, endedEpisode{e: e, t: t})
+			continue
+		}
+		pl := plans[e.rec.TaskIndex]
+		if pl == nil {
+			if e.task == nil {
+				return fmt.Errorf("episode %s: task %d is not in the rollout's record", e.rec.ID, e.rec.TaskIndex)
+			}
+			pl = newPlan(e.task, r.backend, s.limits.WarmPool)
+			plans[e.rec.TaskIndex] = pl
+		}
+		j := &job{r: r, ep: e, plan: pl}
+		_, err := stream.GetLastMsgForSubject(ctx, cluster.WorkSubject(pl.backend, e.rec.ID))
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			queued = append(queued, j)
+			continue
+		case err != nil:
+			return fmt.Errorf("episode %s: looking for its work item: %w", e.rec.ID, err)
+		}
+		d := &dispatched{j: j, claimedAt: now}
+		if claim, ok := c.readClaim(e.rec.ID); ok {
+			d.claim = claim
+			if claim.Worker != "" {
+				d.nextSeq = resumeJournal(c.journalPath(e.rec.ID))
+			}
+		}
+		inflight = append(inflight, j)
+		ds = append(ds, d)
+	}
+	r.ctx, r.cancel = context.WithCancelCause(s.ctx)
+	r.mu.Lock()
+	r.running += len(inflight)
+	if len(inflight) > 0 {
+		r.rec.State = RolloutRunning
+	}
+	r.mu.Unlock()
+	c.mu.Lock()
+	for _, d := range ds {
+		c.eps[d.j.ep.rec.ID] = d
+	}
+	c.mu.Unlock()
+	s.mu.Lock()
+	s.rollouts[r.id] = r
+	s.mu.Unlock()
+	s.sched.resume(r, inflight, queued)
+	s.metrics.Episodes.WithLabelValues("running").Add(float64(len(inflight)))
+	s.metrics.Episodes.WithLabelValues("queued").Add(float64(len(queued)))
+	if len(ended) > 0 {
+		s.recordEnds(r, ended)
+	}
+	s.log.Info("cluster: rollout dispatched again after a restart", "rollout", r.id, "in_flight", len(inflight),
+		"queued", len(queued), "stored_before", len(ended))
+	if len(inflight)+len(queued)+len(ended) == 0 {
+		// Every end was indexed: only the rollout's own end was not.
+		t := time.Now().UTC()
+		r.mu.Lock()
+		r.rec.State, r.rec.EndedAt = RolloutDone, &t
+		r.mu.Unlock()
+		s.saveRollout(r)
+	}
+	return nil
+}
+
+// resumeJournal readies a journal kept across a restart for appending: a
+// torn last line is cut; it returns the number of whole lines (the next
+// sequence number expected).
+func resumeJournal(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	n := bytes.LastIndexByte(b, '\n') + 1
+	if n < len(b) {
+		os.Truncate(path, int64(n))
+	}
+	return bytes.Count(b[:n], []byte{'\n'})
+}
