@@ -56,7 +56,7 @@ type rollout struct {
 	wire             *cluster.Policy
 	retryInterrupted bool
 	ctx              context.Context
-	cancel    context.CancelCauseFunc
+	cancel           context.CancelCauseFunc
 
 	queue []*job // guarded by the scheduler's mu
 	// started counts the rollout's episodes the scheduler started and that

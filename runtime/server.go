@@ -102,9 +102,9 @@ type Server struct {
 	endpoints *endpoints
 	judges    *judge.Pool
 	// coord dispatches episodes to workers (nil: they run here).
-	coord     *coordinator
-	mux       *http.ServeMux
-	started   time.Time
+	coord   *coordinator
+	mux     *http.ServeMux
+	started time.Time
 
 	ctx    context.Context // lifecycle: cancelled (with an agent.StopCause) by Shutdown
 	cancel context.CancelCauseFunc
