@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -66,6 +67,8 @@ command in the same container.`,
 	schedule := fs.String("schedule", "", "the rollout's schedule: groups or episodes (default: the service's, groups when --group > 1)")
 	compare := fs.Bool("compare-schedules", false, "run the rollout twice on the same service, schedule episodes then groups, and compare when the first complete group arrives")
 	settle := fs.Duration("settle", 0, "after the rollout, watch the service's resident memory for this long (does it give memory back?)")
+	baseline := fs.String("baseline-exe", "", "also run the same rollout on a service started from this rollbox `FILE` (an older build), first, and compare /healthz and memory side by side")
+	serveExe := fs.String("serve-exe", "", "start the service from this `FILE` (an executable taking rollbox serve's arguments: a wrapper may set limits) instead of this binary")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx := cmd.Context()
 		switch {
@@ -81,6 +84,8 @@ command in the same container.`,
 			return usagef("--schedule %q is not one of groups, episodes", *schedule)
 		case *compare && (*schedule != "" || *mode != "rollout"):
 			return usagef("--compare-schedules runs both schedules of a rollout: drop --schedule, use --mode rollout")
+		case *baseline != "" && (*url != "" || *compare || *mode != "rollout"):
+			return usagef("--baseline-exe starts a service of each build for one rollout: drop --url and --compare-schedules, use --mode rollout")
 		}
 
 		policyURL, stopPolicy, err := startFakePolicy(env, *latency, *jitter, *turns-1)
@@ -95,30 +100,84 @@ command in the same container.`,
 		}
 		defer stopPolicy()
 
-		base := *url
-		var svc *loadgen.Service
-		if base == "" {
-			dir := *keep
-			if dir == "" {
-				if dir, err = os.MkdirTemp("", "rollbox-bench-"); err != nil {
-					return err
-				}
-				defer os.RemoveAll(dir)
-			}
-			exe, err := os.Executable()
-			if err != nil {
+		exe := *serveExe
+		if exe == "" {
+			if exe, err = os.Executable(); err != nil {
 				return err
 			}
+		}
+		// startService starts rollbox serve from bin on a data directory of
+		// its own (under --data, in a sub-directory name when given).
+		startService := func(bin, name string) (*loadgen.Service, func(), error) {
+			dir := *keep
+			switch {
+			case dir == "":
+				var err error
+				if dir, err = os.MkdirTemp("", "rollbox-bench-"); err != nil {
+					return nil, nil, err
+				}
+			case name != "":
+				dir = filepath.Join(dir, name)
+				if err := os.MkdirAll(dir, 0o755); err != nil {
+					return nil, nil, fmt.Errorf("--data: %w", err)
+				}
+			}
 			maxRunning := max(*episodes, 1)
-			svc, err = loadgen.StartService(ctx, exe, dir, []string{
+			svc, err := loadgen.StartService(ctx, bin, dir, []string{
 				"--max-running", strconv.Itoa(maxRunning), "--max-queued", strconv.Itoa(max(*episodes, 1)),
 				"--docker-concurrency", strconv.Itoa(maxRunning), "--policy-concurrency", strconv.Itoa(*policyConc),
 				"--warm", strconv.Itoa(*warm), "--log-level", "info", "--cpuprofile", *serveProfile, "--health-addr", "127.0.0.1:0",
 			})
 			if err != nil {
+				if *keep == "" {
+					os.RemoveAll(dir)
+				}
+				return nil, nil, err
+			}
+			return svc, func() {
+				svc.Stop()
+				if *keep == "" {
+					os.RemoveAll(dir)
+				}
+			}, nil
+		}
+		cfg := loadgen.RolloutConfig{Backend: *backend, Image: *image, Episodes: *episodes, Group: *group, Turns: *turns,
+			PolicyURL: policyURL, Latency: *latency, Progress: env.stderr, Schedule: *schedule, Settle: *settle}
+		if *baseline != "" {
+			var cmp loadgen.BuildComparison
+			for _, b := range []struct{ name, bin string }{{"baseline", *baseline}, {"this build", exe}} {
+				svc, stop, serr := startService(b.bin, strings.ReplaceAll(b.name, " ", "-"))
+				if serr != nil {
+					return fmt.Errorf("%s (%s): %w", b.name, b.bin, serr)
+				}
+				fmt.Fprintf(env.stderr, "rollbox bench: %s: service %s from %s\n", b.name, svc.URL, b.bin)
+				cfg.Service = svc
+				r, rerr := loadgen.Rollout(ctx, svc.URL, cfg)
+				stop()
+				if rerr != nil {
+					err = errors.Join(err, fmt.Errorf("%s: %w", b.name, rerr))
+				}
+				if r != nil {
+					cmp.Names, cmp.Runs = append(cmp.Names, b.name+" "+b.bin), append(cmp.Runs, r)
+				}
+			}
+			if *asJSON {
+				enc := json.NewEncoder(env.stdout)
+				enc.SetIndent("", "  ")
+				return errors.Join(err, enc.Encode(&cmp))
+			}
+			cmp.Report(env.stdout)
+			return err
+		}
+
+		base := *url
+		var svc *loadgen.Service
+		if base == "" {
+			var stop func()
+			if svc, stop, err = startService(exe, ""); err != nil {
 				return err
 			}
-			defer svc.Stop()
+			defer stop()
 			base = svc.URL
 		}
 		fmt.Fprintf(env.stderr, "rollbox bench: service %s, fake policy %s (latency %s)\n", base, policyURL, *latency)
@@ -126,8 +185,7 @@ command in the same container.`,
 		var res interface{ Report(io.Writer) }
 		switch *mode {
 		case "rollout":
-			cfg := loadgen.RolloutConfig{Backend: *backend, Image: *image, Episodes: *episodes, Group: *group, Turns: *turns,
-				PolicyURL: policyURL, Latency: *latency, Service: svc, Progress: env.stderr, Schedule: *schedule, Settle: *settle}
+			cfg.Service = svc
 			if *compare {
 				var cmp loadgen.ScheduleComparison
 				for _, sch := range []string{"episodes", "groups"} {

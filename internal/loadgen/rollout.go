@@ -3,6 +3,7 @@ package loadgen
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -82,6 +83,9 @@ type RolloutResult struct {
 	// HealthPortNot200 counts its answers other than 200 (503
 	// "unresponsive": the service did not report for --health-stale).
 	HealthPortNot200 int `json:"health_port_not_200"`
+	// HealthzSlowest are the slowest in-process probes, slowest first:
+	// when they were sent and how many episodes ran then.
+	HealthzSlowest []SlowProbe `json:"healthz_slowest"`
 	// The service's resident memory before the rollout, when it ended, and
 	// after Settle; SettledAfterS is when it first came within 20% of the
 	// value before (-1: never within Settle).
@@ -89,6 +93,15 @@ type RolloutResult struct {
 	RSSAtEnd      int64   `json:"rss_at_end_bytes"`
 	RSSSettled    int64   `json:"rss_settled_bytes"`
 	SettledAfterS float64 `json:"settled_after_s"`
+}
+
+// SlowProbe is one slow /healthz probe: sent AtS seconds after the
+// rollout's submission, answered after MS, while Running episodes ran (as
+// the answer said; -1 when it failed).
+type SlowProbe struct {
+	AtS     float64 `json:"at_s"`
+	MS      float64 `json:"ms"`
+	Running int     `json:"running"`
 }
 
 // Percentiles of a sample.
@@ -181,10 +194,10 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	type probe struct {
-		ms, portMS float64
-		running    int
-		failed     bool
-		portNot200 bool
+		at, ms, portMS float64
+		running        int
+		failed         bool
+		portNot200     bool
 	}
 	healthURL := ""
 	if c.Service != nil && c.Service.HealthURL != "" {
@@ -207,14 +220,15 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 				EpisodesRunning int `json:"episodes_running"`
 			}
 			t0 := time.Now()
+			at := t0.Sub(start).Seconds()
 			r, err := client.Get(base + "/healthz")
 			if err != nil {
-				got = append(got, probe{failed: true})
+				got = append(got, probe{at: at, failed: true})
 				continue
 			}
 			json.NewDecoder(r.Body).Decode(&h)
 			r.Body.Close()
-			p := probe{ms: float64(time.Since(t0)) / float64(time.Millisecond), running: h.EpisodesRunning, portMS: -1}
+			p := probe{at: at, ms: float64(time.Since(t0)) / float64(time.Millisecond), running: h.EpisodesRunning, portMS: -1}
 			if healthURL != "" {
 				t1 := time.Now()
 				if r, err := client.Get(healthURL); err == nil {
@@ -300,7 +314,8 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 	res.RSSBefore, res.RSSAtEnd, res.Schedule = rssBefore, rss(), c.Schedule
 	stopWatch()
 	var all, atPeak, port, portAtPeak []float64
-	for _, p := range <-probes {
+	got := <-probes
+	for _, p := range got {
 		switch {
 		case p.failed:
 			res.HealthzFailed++
@@ -322,6 +337,13 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 		}
 	}
 	res.HealthzMS, res.HealthzAtPeakMS = PercentilesOf(all), PercentilesOf(atPeak)
+	slices.SortFunc(got, func(a, b probe) int { return cmp.Compare(b.ms, a.ms) })
+	for _, p := range got[:min(3, len(got))] {
+		if p.failed {
+			p.running = -1
+		}
+		res.HealthzSlowest = append(res.HealthzSlowest, SlowProbe{AtS: p.at, MS: p.ms, Running: p.running})
+	}
 	res.HealthPortMS, res.HealthPortAtPeakMS = PercentilesOf(port), PercentilesOf(portAtPeak)
 	res.PeakRunning = int(peak.Load())
 	res.SettledAfterS = -1
@@ -371,6 +393,16 @@ func (res *RolloutResult) Report(w io.Writer) {
 		cmpOr(res.Schedule, "(default)"), res.FirstGroupS, res.HalfGroupsS)
 	fmt.Fprintf(w, "  healthz             %s   (a new connection every 50 ms; %d failed)\n", res.HealthzMS, res.HealthzFailed)
 	fmt.Fprintf(w, "    at peak           %s   (while at least 90%% of the episodes ran)\n", res.HealthzAtPeakMS)
+	if len(res.HealthzSlowest) > 0 {
+		fmt.Fprintf(w, "    slowest           ")
+		for i, p := range res.HealthzSlowest {
+			if i > 0 {
+				fmt.Fprintf(w, ", ")
+			}
+			fmt.Fprintf(w, "%.0f ms at %.1f s (%d running)", p.MS, p.AtS, p.Running)
+		}
+		fmt.Fprintln(w)
+	}
 	if res.HealthPortMS.N > 0 {
 		fmt.Fprintf(w, "  healthz (--health-addr) %s   (the separate responder, probed right after; %d not 200)\n", res.HealthPortMS, res.HealthPortNot200)
 		fmt.Fprintf(w, "    at peak           %s\n", res.HealthPortAtPeakMS)
@@ -442,5 +474,40 @@ func (c *ScheduleComparison) Report(w io.Writer) {
 		a, b := c.Runs[0], c.Runs[1]
 		fmt.Fprintf(w, "first complete group: %.2f s (%s) vs %.2f s (%s): %.1fx earlier; all episodes %.1f s vs %.1f s (%.2fx)\n",
 			a.FirstGroupS, a.Schedule, b.FirstGroupS, b.Schedule, a.FirstGroupS/b.FirstGroupS, a.WallS, b.WallS, b.WallS/a.WallS)
+	}
+}
+
+// BuildComparison is the same rollout run on services of two builds, in
+// order (the baseline first).
+type BuildComparison struct {
+	Names []string         `json:"names"`
+	Runs  []*RolloutResult `json:"runs"`
+}
+
+// Report prints each run and a table of what differs.
+func (c *BuildComparison) Report(w io.Writer) {
+	for i, r := range c.Runs {
+		fmt.Fprintf(w, "== %s\n", c.Names[i])
+		r.Report(w)
+	}
+	if len(c.Runs) != 2 {
+		return
+	}
+	a, b := c.Runs[0], c.Runs[1]
+	mib := func(n int64) float64 { return float64(n) / (1 << 20) }
+	fmt.Fprintf(w, "== baseline vs this build\n")
+	fmt.Fprintf(w, "  healthz at peak p50  %8.2f  %8.2f ms\n", a.HealthzAtPeakMS.P50, b.HealthzAtPeakMS.P50)
+	fmt.Fprintf(w, "  healthz at peak p99  %8.2f  %8.2f ms\n", a.HealthzAtPeakMS.P99, b.HealthzAtPeakMS.P99)
+	fmt.Fprintf(w, "  healthz at peak max  %8.2f  %8.2f ms\n", a.HealthzAtPeakMS.Max, b.HealthzAtPeakMS.Max)
+	fmt.Fprintf(w, "  healthz p99 (all)    %8.2f  %8.2f ms\n", a.HealthzMS.P99, b.HealthzMS.P99)
+	fmt.Fprintf(w, "  healthz max (all)    %8.2f  %8.2f ms\n", a.HealthzMS.Max, b.HealthzMS.Max)
+	fmt.Fprintf(w, "  wall                 %8.1f  %8.1f s\n", a.WallS, b.WallS)
+	fmt.Fprintf(w, "  service CPU          %8.1f  %8.1f s\n", a.ServiceCPUS, b.ServiceCPUS)
+	fmt.Fprintf(w, "  peak RSS             %8.1f  %8.1f MiB\n", mib(a.ServicePeakRSS), mib(b.ServicePeakRSS))
+	fmt.Fprintf(w, "  RSS before           %8.1f  %8.1f MiB\n", mib(a.RSSBefore), mib(b.RSSBefore))
+	fmt.Fprintf(w, "  RSS at the end       %8.1f  %8.1f MiB\n", mib(a.RSSAtEnd), mib(b.RSSAtEnd))
+	if a.RSSSettled > 0 || b.RSSSettled > 0 {
+		fmt.Fprintf(w, "  RSS settled          %8.1f  %8.1f MiB (%.2fx, %.2fx of before)\n", mib(a.RSSSettled), mib(b.RSSSettled),
+			float64(a.RSSSettled)/float64(max(a.RSSBefore, 1)), float64(b.RSSSettled)/float64(max(b.RSSBefore, 1)))
 	}
 }
