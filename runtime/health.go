@@ -88,6 +88,12 @@ func (s *Server) health() (Health, int) {
 	return h, status
 }
 
+// Busy says whether the service has work in hand: an episode queued or
+// running, or an environment episode open. Lock-free.
+func (s *Server) Busy() bool {
+	return s.sched.runningN.Load() > 0 || s.sched.queuedN.Load() > 0 || s.envOpen.Load() > 0
+}
+
 // Health is what GET /healthz answers now, and its status code.
 func (s *Server) Health() (Health, int) { return s.health() }
 

@@ -26,10 +26,16 @@ import (
 
 	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/internal/cluster"
+	"github.com/rollbox/rollbox/internal/promptnet"
 	"github.com/rollbox/rollbox/runtime"
 	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/sandbox/auditlog"
 )
+
+// promptAccept is how often a busy service looks for new connections
+// (internal/promptnet): a probe waits about this long, not behind the
+// episodes' goroutines.
+const promptAccept = 2 * time.Millisecond
 
 // newServeCmd is `rollbox serve`: the rollout HTTP API over --data DIR.
 func newServeCmd(env *cliEnv) *cobra.Command {
@@ -290,8 +296,16 @@ stderr.`,
 		if err != nil {
 			return err
 		}
-		ln, err := net.Listen("tcp", *addr)
+		tcp, err := net.Listen("tcp", *addr)
 		if err != nil {
+			srv.Close()
+			return fmt.Errorf("listen on %s: %w", *addr, err)
+		}
+		// While episodes run, new connections (a liveness probe's) are
+		// accepted from a timer's goroutine, ahead of the episodes' own.
+		ln, err := promptnet.Listen(tcp.(*net.TCPListener), promptAccept, srv.Busy)
+		if err != nil {
+			tcp.Close()
 			srv.Close()
 			return fmt.Errorf("listen on %s: %w", *addr, err)
 		}

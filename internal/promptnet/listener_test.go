@@ -1,0 +1,159 @@
+package promptnet
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func tcpListener(t *testing.T) *net.TCPListener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln.(*net.TCPListener)
+}
+
+// echoLine accepts one connection from l and answers its first line with
+// "echo: " and the line.
+func echoLine(l *Listener) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			done <- err
+			return
+		}
+		defer c.Close()
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err == nil {
+			_, err = io.WriteString(c, "echo: "+line)
+		}
+		done <- err
+	}()
+	return done
+}
+
+// ask sends line on a new connection to addr after waiting delay, and
+// returns the answer.
+func ask(t *testing.T, addr net.Addr, delay time.Duration, line string) string {
+	t.Helper()
+	c, err := net.Dial("tcp", addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	time.Sleep(delay)
+	if _, err := io.WriteString(c, line); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		t.Fatalf("reading the answer to %q: %v", line, err)
+	}
+	return got
+}
+
+func TestListener(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		busy     bool
+		ordinary bool
+		delay    time.Duration
+	}{
+		{"an idle listener accepts through the ordinary Accept", false, true, 0},
+		{"a busy listener accepts through both", true, true, 0},
+		{"a busy listener's timer loop alone accepts a connection whose request is there", true, false, 0},
+		{"a busy listener's timer loop holds a connection until its request arrives", true, false, 50 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var busy atomic.Bool
+			busy.Store(tc.busy)
+			l, err := listen(tcpListener(t), time.Millisecond, busy.Load, tc.ordinary)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			for i, line := range []string{"one\n", "two\n"} {
+				done := echoLine(l)
+				if got := ask(t, l.Addr(), tc.delay, line); got != "echo: "+line {
+					t.Errorf("connection %d answered %q, want %q", i, got, "echo: "+line)
+				}
+				if err := <-done; err != nil {
+					t.Errorf("connection %d: the server side: %v", i, err)
+				}
+			}
+		})
+	}
+}
+
+func TestListenerHandsOverASilentConnectionAfterHoldAtMost(t *testing.T) {
+	l, err := listen(tcpListener(t), time.Millisecond, func() bool { return true }, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		sc, err := l.Accept()
+		if err == nil {
+			accepted <- sc
+		}
+	}()
+	select {
+	case sc := <-accepted:
+		sc.Close()
+	case <-time.After(holdAtMost + 5*time.Second):
+		t.Fatalf("a connection that sent nothing was not handed over %s after %s", 5*time.Second, holdAtMost)
+	}
+}
+
+func TestListenerClose(t *testing.T) {
+	l, err := listen(tcpListener(t), time.Millisecond, func() bool { return true }, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A connection held for its request when the listener closes is closed.
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	time.Sleep(20 * time.Millisecond)
+	accepted := make(chan error, 1)
+	go func() {
+		_, err := l.Accept()
+		accepted <- err
+	}()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Errorf("a second Close: %v", err)
+	}
+	if err := <-accepted; !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Accept after Close: %v, want net.ErrClosed", err)
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := c.Read(make([]byte, 1)); err == nil {
+		t.Errorf("a connection held when the listener closed read %d bytes, want it closed", n)
+	} else if isTimeout(err) {
+		t.Errorf("a connection held when the listener closed stayed open: %v", err)
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
