@@ -1,6 +1,7 @@
 package cluster_test
 
 import (
+	"archive/tar"
 	"bufio"
 	"bytes"
 	"context"
@@ -23,6 +24,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/internal/fakepolicy"
 	"github.com/rollbox/rollbox/runtime"
@@ -463,4 +465,182 @@ func TestRolloutOverWorkersMatchesOneHost(t *testing.T) {
 	if st.State != "done" || st.EpisodesDone != len(tasks)*group {
 		t.Errorf("rollout %s: %+v, want done with %d episodes", id, st, len(tasks)*group)
 	}
+}
+
+// gatePolicy answers like scripted, but holds every call for a second turn
+// until release is closed; blocked receives one value per call held.
+func gatePolicy() (p *fakepolicy.Server, blocked chan struct{}, release func()) {
+	blocked, done := make(chan struct{}, 16), make(chan struct{})
+	var once sync.Once
+	p = mustPolicy(fakepolicy.Config{Responder: fakepolicy.Script(
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "bash", Arguments: `{"command":"cat /work/n"}`}}},
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "finish", Arguments: `{"answer":"a"}`}}},
+	), Fault: func(_ int64, req *fakepolicy.Request) fakepolicy.Fault {
+		if req.AssistantTurns() >= 1 {
+			select {
+			case <-done:
+			default:
+				blocked <- struct{}{}
+				<-done
+			}
+		}
+		return fakepolicy.Fault{}
+	}})
+	return p, blocked, func() { once.Do(func() { close(done) }) }
+}
+
+// waitRunning waits until worker id reports n episodes running.
+func (c *coordinator) waitRunning(id string, n int) {
+	c.t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		for _, w := range c.workers() {
+			if w.ID == id && w.Running == n {
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.t.Fatalf("worker %s does not run %d episodes: %+v", id, n, c.workers())
+}
+
+// one is the single record of a one-episode rollout.
+func one(t *testing.T, ts []*trajectory.Trajectory) *trajectory.Trajectory {
+	t.Helper()
+	if len(ts) != 1 {
+		t.Fatalf("%d episodes streamed, want 1", len(ts))
+	}
+	return ts[0]
+}
+
+// TestAWorkerKilledMidEpisode: SIGKILL of the worker running an episode
+// (1) before the episode asked the policy anything: the attempt is kept as
+// an infrastructure attempt and the episode runs again on another worker,
+// to the same end as if nothing happened; (2) after it asked: the episode
+// ends cancelled with interrupted: true and its partial journal, unscored;
+// (3) after it asked, in a rollout with retry_interrupted: it runs again.
+func TestAWorkerKilledMidEpisode(t *testing.T) {
+	top := t
+	var natsURL string
+	workers := map[string]*worker{}
+	start := func(id string, slots int) *worker {
+		w := startWorker(top, natsURL, id, "wasm", slots)
+		workers[id] = w
+		return w
+	}
+	// A task whose workspace is a FIFO: its open (before any policy call)
+	// blocks on the worker until the test writes the tar.
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "ws.tar")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gate, err := agent.ParseTask([]byte(fmt.Sprintf(`{"id": "gate", "prompt": "Answer.", "sandbox": {"backend": "wasm"},
+		"files": {"/work/n": "1"}, "workspace": {"from": %q, "to": "/work/ws"}, "tools": ["bash", "finish"],
+		"reward": {"type": "exact", "answer": "a"}}`, fifo)), dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tarball bytes.Buffer
+	tw := tar.NewWriter(&tarball)
+	tw.WriteHeader(&tar.Header{Name: "x", Mode: 0o644, Size: 1, Typeflag: tar.TypeReg})
+	tw.Write([]byte("x"))
+	tw.Close()
+
+	ns := startNATS(t, "", 0)
+	coord := startService(t, "", ns.url, func(o *runtime.Options) { o.Catalog = []*agent.Task{gate} })
+	natsURL = ns.url
+
+	t.Run("before the policy was asked, the episode runs again elsewhere", func(t *testing.T) {
+		pol := scripted(0)
+		defer pol.Close()
+		wA := start("wA", 1)
+		coord.waitWorkers(1)
+		id := coord.submit(map[string]any{"tasks": []any{map[string]any{"id": "gate"}}, "group_size": 1,
+			"policy": map[string]any{"base_url": pol.URL(), "model": "fake-model"}})
+		coord.waitRunning("wA", 1)
+		wA.kill()
+		start("wB", 2)
+		go func() {
+			f, err := os.OpenFile(fifo, os.O_WRONLY, 0) // blocks until wB reads
+			if err == nil {
+				f.Write(tarball.Bytes())
+				f.Close()
+			}
+		}()
+		tr := one(t, coord.episodes(id, time.Minute))
+		if tr.Termination.Reason != trajectory.EndFinished || tr.Reward == nil || tr.Reward.Total == nil || *tr.Reward.Total != 1 {
+			t.Errorf("episode %s: %+v reward %+v, want finished with reward 1", tr.EpisodeID, tr.Termination, tr.Reward)
+		}
+		if pol.Calls() != 2 {
+			t.Errorf("the policy was called %d times, want 2 (the lost attempt asked nothing)", pol.Calls())
+		}
+		kept, err := trajectory.Read(filepath.Join(coord.data, "attempts", tr.EpisodeID+".1.json"))
+		if err != nil {
+			t.Fatalf("the lost attempt is not kept: %v", err)
+		}
+		if kept.Termination.Reason != trajectory.EndInterrupted || !strings.Contains(kept.Termination.Message, "wA") {
+			t.Errorf("kept attempt: %+v, want interrupted naming worker wA", kept.Termination)
+		}
+		var st struct {
+			InfraRetries int `json:"infra_retries"`
+		}
+		coord.do("GET", "/v1/rollouts/"+id, nil, &st)
+		if st.InfraRetries != 1 {
+			t.Errorf("infra_retries %d, want 1", st.InfraRetries)
+		}
+	})
+
+	t.Run("after the policy was asked, the episode ends cancelled and interrupted with its partial journal", func(t *testing.T) {
+		pol, blocked, release := gatePolicy()
+		defer pol.Close()
+		defer release()
+		coord.waitWorkers(1) // wB
+		id := coord.submit(rolloutRequest(pol.URL(), exactTasks(1), 1, nil))
+		<-blocked
+		var victim string
+		for _, w := range coord.workers() {
+			if w.Running == 1 {
+				victim = w.ID
+			}
+		}
+		if victim != "wB" {
+			t.Fatalf("the episode runs on %q, want wB", victim)
+		}
+		workers["wB"].kill()
+		start("wC", 1)
+		tr := one(t, coord.episodes(id, time.Minute))
+		if tr.Termination.Reason != trajectory.EndCancelled || !tr.Termination.Interrupted || tr.Reward != nil && tr.Reward.Total != nil {
+			t.Errorf("episode %s: %+v reward %+v, want cancelled, interrupted, unscored", tr.EpisodeID, tr.Termination, tr.Reward)
+		}
+		if len(tr.Steps) != 2 || tr.Steps[0].Type != trajectory.StepModel || tr.Steps[1].Type != trajectory.StepTool {
+			t.Errorf("episode %s has %d steps, want its partial journal: the first turn and its tool result", tr.EpisodeID, len(tr.Steps))
+		}
+		if pol.Calls() != 2 {
+			t.Errorf("the policy was called %d times, want 2 (no re-run)", pol.Calls())
+		}
+	})
+
+	t.Run("after the policy was asked, with retry_interrupted the episode runs again", func(t *testing.T) {
+		pol, blocked, release := gatePolicy()
+		defer pol.Close()
+		defer release()
+		coord.waitWorkers(1) // wC
+		id := coord.submit(rolloutRequest(pol.URL(), exactTasks(1), 1, map[string]any{"retry_interrupted": true}))
+		<-blocked
+		workers["wC"].kill()
+		release()
+		start("wD", 1)
+		tr := one(t, coord.episodes(id, time.Minute))
+		if tr.Termination.Reason != trajectory.EndFinished || tr.Reward == nil || tr.Reward.Total == nil || *tr.Reward.Total != 1 {
+			t.Errorf("episode %s: %+v reward %+v, want finished with reward 1", tr.EpisodeID, tr.Termination, tr.Reward)
+		}
+		kept, err := trajectory.Read(filepath.Join(coord.data, "attempts", tr.EpisodeID+".1.json"))
+		if err != nil {
+			t.Fatalf("the interrupted attempt is not kept: %v", err)
+		}
+		if len(kept.Steps) != 2 {
+			t.Errorf("kept attempt has %d steps, want 2", len(kept.Steps))
+		}
+	})
 }
