@@ -212,8 +212,13 @@ func (c *coordinator) run(ctx context.Context) error {
 	}
 	var cons jetstream.Consumer
 	for {
+		// Made anew: what a previous process was delivered and did not
+		// acknowledge comes again at once, in order.
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		cons, err = c.js.CreateOrUpdateConsumer(cctx, cluster.JournalStream, cluster.JournalConsumerConfig())
+		err := c.js.DeleteConsumer(cctx, cluster.JournalStream, cluster.CoordinatorConsumer)
+		if err == nil || errors.Is(err, jetstream.ErrConsumerNotFound) {
+			cons, err = c.js.CreateOrUpdateConsumer(cctx, cluster.JournalStream, cluster.JournalConsumerConfig())
+		}
 		cancel()
 		if err == nil {
 			break
@@ -484,12 +489,12 @@ func (c *coordinator) finish(d *dispatched, t *trajectory.Trajectory, journal st
 	} else if journal != "" {
 		os.Remove(journal)
 	}
+	c.dropClaim(e.rec.ID) // the record (or its record_error) decides a restart now
 	s.metrics.Episodes.WithLabelValues("running").Dec()
 	r.mu.Lock()
 	r.running--
 	r.mu.Unlock()
 	s.endEpisode(r, e, t, err)
-	c.dropClaim(e.rec.ID)
 	s.sched.done(d.j)
 }
 
@@ -522,6 +527,15 @@ func (c *coordinator) onJournal(msg jetstream.Msg) {
 		msg.Ack()
 		return
 	}
+	if seq, err := strconv.Atoi(h.Get(cluster.HeaderSeq)); err == nil && (kind == cluster.KindLine || kind == cluster.KindDone) && seq > d.nextSeq && !d.deciding {
+		// A line before it has not come yet (delivered to a connection that
+		// was lost: it comes again after JournalAckWait): wait for it.
+		want := d.nextSeq
+		c.mu.Unlock()
+		c.s.log.Debug("cluster: journal lines out of order; waiting for the missing one", "episode", id, "want", want, "got", seq, "kind", kind)
+		msg.NakWithDelay(250 * time.Millisecond)
+		return
+	}
 	if d.deciding {
 		c.mu.Unlock()
 		if kind == cluster.KindDone {
@@ -544,9 +558,6 @@ func (c *coordinator) onJournal(msg jetstream.Msg) {
 			c.mu.Unlock()
 			msg.Ack() // had it
 			return
-		}
-		if seq > d.nextSeq {
-			c.s.log.Warn("cluster: journal lines missing", "episode", id, "attempt", attempt, "want", d.nextSeq, "got", seq)
 		}
 		d.nextSeq = seq + 1
 		f := c.files[id]
@@ -679,6 +690,9 @@ func (c *coordinator) reapWorkers(ctx context.Context) {
 	tick := time.NewTicker(c.heartbeat / 2)
 	defer tick.Stop()
 	grace := time.Duration(cluster.MissedHeartbeats) * c.heartbeat
+	// While this process is cut from NATS it hears no heartbeat: nobody
+	// is lost for that; the windows count from the reconnection.
+	var lastDown time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -686,6 +700,10 @@ func (c *coordinator) reapWorkers(ctx context.Context) {
 		case <-tick.C:
 		}
 		now := time.Now()
+		if !c.nc.IsConnected() {
+			lastDown = now
+			continue
+		}
 		var gone []string
 		c.mu.Lock()
 		for id, w := range c.workers {
@@ -693,14 +711,14 @@ func (c *coordinator) reapWorkers(ctx context.Context) {
 			if iv <= 0 {
 				iv = c.heartbeat
 			}
-			if now.Sub(w.lastSeen) > time.Duration(cluster.MissedHeartbeats)*iv {
+			if now.Sub(later(w.lastSeen, lastDown)) > time.Duration(cluster.MissedHeartbeats)*iv {
 				gone = append(gone, id)
 				delete(c.workers, id)
 			}
 		}
 		var lostEps []*dispatched
 		for _, d := range c.eps {
-			if d.claim.Worker != "" && c.workers[d.claim.Worker] == nil && now.Sub(d.claimedAt) > grace && !d.ended && !d.deciding {
+			if d.claim.Worker != "" && c.workers[d.claim.Worker] == nil && now.Sub(later(d.claimedAt, lastDown)) > grace && !d.ended && !d.deciding {
 				d.deciding = true
 				lostEps = append(lostEps, d)
 			}
@@ -714,6 +732,13 @@ func (c *coordinator) reapWorkers(ctx context.Context) {
 			go c.lost(d, "its heartbeat stopped", true)
 		}
 	}
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // cancelRollout tells the workers to stop a rollout's episodes; those no
@@ -871,7 +896,10 @@ func (c *coordinator) resumeRollout(rr *rolloutRecord) error {
 			continue
 		}
 		if t, err := trajectory.Read(s.st.trajectoryPath(e.rec.ID)); err == nil && t.Termination != nil {
+			// Stored, not indexed: the process died in between.
 			ended = append(ended, endedEpisode{e: e, t: t})
+			os.Remove(c.journalPath(e.rec.ID))
+			c.dropClaim(e.rec.ID)
 			continue
 		}
 		pl := plans[e.rec.TaskIndex]

@@ -360,7 +360,10 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 	done := w.run(actx, a)
 	body, _ := json.Marshal(done)
 	for {
-		if err := w.publish(ctx, a, cluster.KindDone, -1, body); err != nil {
+		a.seqMu.Lock()
+		lines := a.seq
+		a.seqMu.Unlock()
+		if err := w.publish(ctx, a, cluster.KindDone, lines, body); err != nil {
 			w.log.Error("worker: publishing an episode's end failed; the item is left for redelivery", "episode", item.EpisodeID, "err", err)
 			return
 		}

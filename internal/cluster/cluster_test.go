@@ -644,3 +644,137 @@ func TestAWorkerKilledMidEpisode(t *testing.T) {
 		}
 	})
 }
+
+// freePort is a TCP port nothing listens on (for a process to take).
+func freePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// serveProcess is `rollbox serve --cluster` as a process of its own, so
+// that it can be SIGKILLed.
+type serveProcess struct {
+	*coordinator
+	cmd *exec.Cmd
+	log syncBuffer
+}
+
+func startServe(t testing.TB, natsURL, data string, port int) *serveProcess {
+	t.Helper()
+	cmd := exec.Command(rollboxBinary(t), "serve", "--cluster", natsURL, "--heartbeat", "200ms", "--data", data,
+		"--addr", fmt.Sprintf("127.0.0.1:%d", port), "--no-audit-log")
+	p := &serveProcess{coordinator: &coordinator{t: t, url: fmt.Sprintf("http://127.0.0.1:%d", port), data: data}, cmd: cmd,
+		log: syncBuffer{&sync.Mutex{}, &bytes.Buffer{}}}
+	cmd.Stdout, cmd.Stderr = p.log, p.log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Signal(syscall.SIGTERM)
+			done := make(chan struct{})
+			go func() { cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				cmd.Process.Kill()
+				<-done
+			}
+		}
+		if t.Failed() || testing.Verbose() {
+			p.log.mu.Lock()
+			t.Logf("rollbox serve --cluster log:\n%s", p.log.b.String())
+			p.log.mu.Unlock()
+		}
+	})
+	deadline := time.Now().Add(time.Minute)
+	for {
+		resp, err := http.Get(p.url + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return p
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rollbox serve --cluster does not answer /healthz: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waitDone waits until a rollout has at least n episodes done.
+func (c *coordinator) waitDone(id string, n int) {
+	c.t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		var st struct {
+			EpisodesDone int `json:"episodes_done"`
+		}
+		c.do("GET", "/v1/rollouts/"+id, nil, &st)
+		if st.EpisodesDone >= n {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.t.Fatalf("rollout %s has not %d episodes done after 2 minutes", id, n)
+}
+
+// TestTheCoordinatorKilledAndNATSRestartedLoseNothing: the coordinator
+// (rollbox serve --cluster) is SIGKILLed mid-rollout and started again on
+// its data directory, later the NATS server restarts on its store: every
+// episode ends exactly once (one record, one index entry, one line of the
+// stream), with the outcomes and group statistics of a single host.
+func TestTheCoordinatorKilledAndNATSRestartedLoseNothing(t *testing.T) {
+	pol := scripted(150 * time.Millisecond)
+	defer pol.Close()
+	tasks, group := exactTasks(8), 4
+	single := startService(t, "", "")
+	want := outcomes(t, single.episodes(single.submit(rolloutRequest(pol.URL(), tasks, group, nil)), 2*time.Minute))
+
+	natsDir := t.TempDir()
+	ns := startNATS(t, natsDir, 0)
+	data, port := t.TempDir(), freePort(t)
+	coord := startServe(t, ns.url, data, port)
+	startWorker(t, ns.url, "w1", "wasm", 2)
+	startWorker(t, ns.url, "w2", "wasm", 2)
+	coord.waitWorkers(2)
+	id := coord.submit(rolloutRequest(pol.URL(), tasks, group, nil))
+	coord.waitDone(id, 4)
+	t.Logf("%s: 4 episodes done; SIGKILL the coordinator", time.Now().Format(time.StampMilli))
+	coord.cmd.Process.Kill()
+	coord.cmd.Wait()
+	time.Sleep(300 * time.Millisecond) // the workers go on meanwhile
+	coord = startServe(t, ns.url, data, port)
+	t.Logf("%s: coordinator started again", time.Now().Format(time.StampMilli))
+	coord.waitDone(id, 14)
+	t.Logf("%s: 14 episodes done; NATS restarts", time.Now().Format(time.StampMilli))
+	ns.stop()
+	time.Sleep(500 * time.Millisecond)
+	ns = startNATS(t, natsDir, ns.port)
+	got := coord.episodes(id, 3*time.Minute)
+	t.Logf("%s: the rollout ended", time.Now().Format(time.StampMilli))
+	compareOutcomes(t, outcomes(t, got), want)
+
+	records, _ := filepath.Glob(filepath.Join(data, "episodes", id+".*.json"))
+	if len(records) != len(tasks)*group {
+		t.Errorf("%d records of rollout %s, want %d", len(records), id, len(tasks)*group)
+	}
+	var st struct {
+		State        string `json:"state"`
+		EpisodesDone int    `json:"episodes_done"`
+	}
+	coord.do("GET", "/v1/rollouts/"+id, nil, &st)
+	if st.State != "done" || st.EpisodesDone != len(tasks)*group {
+		t.Errorf("rollout %s: %+v, want done with %d episodes", id, st, len(tasks)*group)
+	}
+	left, _ := filepath.Glob(filepath.Join(data, "cluster", "*", "*"))
+	if len(left) > 0 {
+		t.Errorf("the coordinator kept %d journals or claims of ended episodes: %v", len(left), left)
+	}
+}

@@ -68,9 +68,16 @@ func WorkConsumerConfig(backend string) jetstream.ConsumerConfig {
 		MaxWaiting: 4096, DeliverPolicy: jetstream.DeliverAllPolicy}
 }
 
+// JournalAckWait is how long a journal message delivered to the
+// coordinator and not acknowledged (lost with a connection) waits before
+// it is delivered again: the coordinator holds back an episode's later
+// lines until the missing one is back.
+const JournalAckWait = 5 * time.Second
+
 // JournalConsumerConfig is the coordinator's durable consumer of the
-// journal stream.
+// journal stream. A starting coordinator makes it anew (everything not
+// acknowledged is then delivered again, in order).
 func JournalConsumerConfig() jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{Durable: CoordinatorConsumer, AckPolicy: jetstream.AckExplicitPolicy,
-		AckWait: AckWait, MaxDeliver: -1, MaxAckPending: 1 << 20, DeliverPolicy: jetstream.DeliverAllPolicy}
+		AckWait: JournalAckWait, MaxDeliver: -1, MaxAckPending: 1 << 20, DeliverPolicy: jetstream.DeliverAllPolicy}
 }

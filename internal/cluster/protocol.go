@@ -99,7 +99,9 @@ const (
 	HeaderAttempt = "Rollbox-Attempt"
 	// HeaderKind is KindLine, KindAsked or KindDone.
 	HeaderKind = "Rollbox-Kind"
-	// HeaderSeq numbers an attempt's journal lines from 0 (KindLine only).
+	// HeaderSeq numbers an attempt's journal lines from 0 (KindLine); on
+	// KindDone it is the number of lines the attempt journaled, so the
+	// coordinator ends it only once it holds them all.
 	HeaderSeq = "Rollbox-Seq"
 )
 
