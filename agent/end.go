@@ -121,6 +121,9 @@ func (s *Session) end(ctx context.Context, reason, message string) error {
 	if s.ended {
 		return nil
 	}
+	if err := s.stopSubagents(true); err != nil {
+		return s.failRecord(err)
+	}
 	s.ended = true
 	s.orchestratorStats()
 	term := &trajectory.Termination{Reason: reason, Message: message, Step: len(s.w.Trajectory().Steps) - 1}
@@ -268,6 +271,7 @@ func (s *Session) failRecord(err error) error {
 		return re
 	}
 	s.ended = true
+	s.stopSubagents(false)
 	s.closeSandbox()
 	term := &trajectory.Termination{Reason: trajectory.EndRecordError, Step: len(s.w.Trajectory().Steps) - 1,
 		Message: "the record could not be written: " + err.Error()}

@@ -262,7 +262,7 @@ func open(ctx context.Context, cfg Config) (_ *Session, err error) {
 	}
 	extra := cfg.ExtraTools
 	if t.Orchestrator != nil {
-		if err := s.openOrchestration(); err != nil {
+		if err := s.openOrchestration(ctx); err != nil {
 			return s, s.openFailed(ctx, StageAttach, err)
 		}
 		extra = maps.Clone(extra)
@@ -270,6 +270,9 @@ func open(ctx context.Context, cfg Config) (_ *Session, err error) {
 			extra = map[string]tools.Tool{}
 		}
 		extra[NameSpawnSubagents] = spawnTool{s}
+		if s.orch.async != nil {
+			extra[NameWait], extra[NameCollect] = waitTool{s}, collectTool{s}
+		}
 	}
 	reg, err := tools.Select(t.Tools, extra)
 	if err != nil { // validated at load; a tool set that changed since is the task's error

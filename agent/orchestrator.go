@@ -72,6 +72,11 @@ type Orchestrator struct {
 	// (head and tail kept; default 4096); the whole tool output is then
 	// capped as any tool's (limits.max_tool_output_bytes).
 	MaxAnswerBytes int `json:"max_answer_bytes,omitempty"`
+	// Async makes spawn_subagents answer at once with a handle per
+	// sub-agent, and gives the orchestrator the wait and collect tools
+	// for their results: it goes on while they run. max_parallel then
+	// bounds the sub-agents of the whole episode running at once.
+	Async bool `json:"async,omitempty"`
 }
 
 func (o *Orchestrator) withDefaults() {
@@ -181,10 +186,14 @@ type orchestration struct {
 	// stageSteps has, per stage, the most turns one of its sub-agents took.
 	stageSteps []int
 	subSteps   int
+	// async is the asynchronous sub-agents' state (orchestrator.async).
+	async *asyncState
 }
 
 // openOrchestration resolves the sub-agent policy of an orchestrator task.
-func (s *Session) openOrchestration() error {
+// ctx is the episode's: an asynchronous orchestrator's sub-agents run
+// under it until the episode ends.
+func (s *Session) openOrchestration(ctx context.Context) error {
 	t := s.task
 	if t.Orchestrator == nil {
 		return nil
@@ -192,6 +201,9 @@ func (s *Session) openOrchestration() error {
 	o := *t.Orchestrator
 	o.withDefaults()
 	s.orch = &orchestration{o: o}
+	if o.Async {
+		s.orch.async = newAsyncState(ctx, o.MaxParallel)
+	}
 	sub := s.cfg.Subagents
 	if sub != nil && sub.Recorded != nil {
 		s.orch.info = trajectory.Policy{Kind: "recorded"}
@@ -232,6 +244,7 @@ type subTask struct {
 // orchestrator sees. It holds nothing that differs between runs of the
 // same sub-agent (no ids, no times), so a replay compares it.
 type spawnResult struct {
+	Handle    string `json:"handle,omitempty"`
 	Index     int    `json:"index"`
 	End       string `json:"end"`
 	Message   string `json:"message,omitempty"`
@@ -261,6 +274,9 @@ func (t spawnTool) Run(ctx context.Context, env *tools.Env, args map[string]any)
 				return badArgs("spawn_subagents: tasks[%d].tools: %q is not a tool a sub-agent may have (%s); nothing was spawned", i, name, strings.Join(allowed, ", ")), nil
 			}
 		}
+	}
+	if orch.async != nil {
+		return s.spawnAsync(ctx, a.Tasks, allowed)
 	}
 	stage := orch.stage
 	orch.stage++
@@ -308,7 +324,7 @@ func (s *Session) subagentTools() []string {
 	}
 	out := make([]string, 0, len(names)+1)
 	for _, n := range names {
-		if n != NameSpawnSubagents {
+		if n != NameSpawnSubagents && n != NameWait && n != NameCollect {
 			out = append(out, n)
 		}
 	}
@@ -338,7 +354,7 @@ func (s *Session) runSubagents(ctx context.Context, stage, step int, tasks []sub
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			out[i] = s.runSubagent(ctx, stage, step, i, st, allowed, slots, inherited.CompareAndSwap(true, false))
+			out[i] = s.runSubagent(ctx, stage, step, i, st, allowed, slots, inherited.CompareAndSwap(true, false), nil)
 		}()
 	}
 	wg.Wait()
@@ -352,7 +368,11 @@ func (s *Session) runSubagents(ctx context.Context, stage, step int, tasks []sub
 
 // runSubagent runs one sub-episode to its end and summarises it as the
 // orchestrator's record holds it.
-func (s *Session) runSubagent(ctx context.Context, stage, step, index int, st subTask, allowed []string, slots Slots, inherited bool) (sa trajectory.Subagent) {
+//
+// newSandbox, if set, makes its sandbox (an asynchronous sub-agent's fork,
+// made at the spawn); else it is a fork made now (share_workspace) or a
+// fresh one.
+func (s *Session) runSubagent(ctx context.Context, stage, step, index int, st subTask, allowed []string, slots Slots, inherited bool, newSandbox SandboxFactory) (sa trajectory.Subagent) {
 	id := fmt.Sprintf("%s.s%d-%d", s.cfg.EpisodeID, stage, index)
 	names := st.Tools
 	if len(names) == 0 {
@@ -381,7 +401,10 @@ func (s *Session) runSubagent(ctx context.Context, stage, step, index int, st su
 		ExtraTools: s.cfg.ExtraTools, ToolEnv: s.cfg.ToolEnv,
 		Parent: &trajectory.Parent{EpisodeID: s.cfg.EpisodeID, Step: step, Stage: stage, Index: index},
 	}
-	if s.orch.o.ShareWorkspace {
+	switch {
+	case newSandbox != nil:
+		cfg.NewSandbox = newSandbox
+	case s.orch.o.ShareWorkspace:
 		cfg.NewSandbox = s.forkSandbox
 	}
 	tr, err := Run(ctx, cfg)
@@ -504,7 +527,9 @@ func CriticalSteps(t *trajectory.Trajectory) int {
 	}
 	most := map[int]int{}
 	for _, sa := range t.Subagents {
-		most[sa.Stage] = max(most[sa.Stage], sa.Steps)
+		if sa.OnCriticalPath() {
+			most[sa.Stage] = max(most[sa.Stage], sa.Steps)
+		}
 	}
 	for _, m := range most {
 		turns += m

@@ -206,6 +206,18 @@ func (t *Task) WithDefaults() {
 		}
 		t.Tools = slices.Insert(slices.Clone(t.Tools), i, NameSpawnSubagents)
 	}
+	if t.Orchestrator != nil && t.Orchestrator.Async {
+		// Asynchronous spawning's tools, after spawn_subagents.
+		for _, name := range []string{NameWait, NameCollect} {
+			if !slices.Contains(t.Tools, name) {
+				i := slices.Index(t.Tools, tools.NameFinish)
+				if i < 0 {
+					i = len(t.Tools)
+				}
+				t.Tools = slices.Insert(slices.Clone(t.Tools), i, name)
+			}
+		}
+	}
 }
 
 // SandboxSpec is the sandbox the task asks for.
@@ -285,6 +297,10 @@ func (t *Task) Validate(knownTools func(string) bool) error {
 		if name == NameSpawnSubagents {
 			if t.Orchestrator == nil {
 				return fmt.Errorf("tools[%d]: %s needs an orchestrator: {\"orchestrator\": {\"subagent_policy\": ...}}", i, name)
+			}
+		} else if name == NameWait || name == NameCollect {
+			if t.Orchestrator == nil || !t.Orchestrator.Async {
+				return fmt.Errorf("tools[%d]: %s needs an asynchronous orchestrator: {\"orchestrator\": {\"async\": true, ...}}", i, name)
 			}
 		} else if knownTools != nil && !knownTools(name) {
 			return fmt.Errorf("tools[%d]: unknown tool %q", i, name)

@@ -98,3 +98,32 @@ func TestTheServiceRefusesASubagentPolicyItCannotRun(t *testing.T) {
 		t.Errorf("train_step -1: %d %+v", code, e)
 	}
 }
+
+// An asynchronous orchestrator keeps its slot while it goes on and gives
+// it back while it waits: a service running one episode at a time runs
+// it and its three sub-agents without deadlock, and the wait answers all
+// three results.
+func TestTheServiceRunsAsynchronousOrchestratorsWithinOneSlot(t *testing.T) {
+	orch := startPolicy(t, fakepolicy.Config{Responder: fakepolicy.Script(
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "spawn_subagents", Arguments: `{"tasks": [{"prompt": "look at a"}, {"prompt": "look at b"}, {"prompt": "look at c"}]}`}}},
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "wait", Arguments: `{}`}}},
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "finish", Arguments: `{"answer": "done"}`}}})})
+	sub := startPolicy(t, fakepolicy.Config{Responder: fakepolicy.BashThenFinish(1)})
+	s := startService(t, "", func(o *runtime.Options) { o.Limits.MaxRunning = 1 })
+	tk := orchestratorTask("o", sub)
+	tk["orchestrator"].(map[string]any)["async"] = true
+	id := s.submit(rolloutBody(orch, 1, tk))
+	st := s.waitState(id, time.Minute, func(st status) bool { return st.State == "done" })
+	if st.Ends["finished"] != 1 {
+		t.Fatalf("status %+v", st)
+	}
+	e := s.episodes(id, "")[0]
+	if len(e.Subagents) != 3 || *e.Stats.CriticalSteps != 3+2 || *e.Stats.TotalSteps != 3+3*2 || *e.Reward.Total != 2 {
+		t.Fatalf("sub-agents %+v stats %+v reward %v", e.Subagents, e.Stats, *e.Reward.Total)
+	}
+	for _, sa := range e.Subagents {
+		if sa.Handle == "" || sa.CollectedStep == nil || *sa.CollectedStep != 3 || sa.Stage != 0 || !sa.Useful {
+			t.Errorf("sub-agent %+v", sa)
+		}
+	}
+}

@@ -369,17 +369,19 @@ func stages(steps []trajectory.Step) (widths []int, dups int) {
 }
 
 // subagentStages reads an orchestrator's sub-agents as its record holds
-// them: each stage's number of sub-agents, and the spurious ones: those
-// that ended without useful output (not finished with a non-empty answer)
-// and those whose prompt repeats another's of the same stage.
+// them: each spawn_subagents call's number of sub-agents (a synchronous
+// call is a stage), and the spurious ones: those that ended without useful
+// output (not finished with a non-empty answer) and those whose prompt
+// repeats another's of the same call.
 func subagentStages(subs []trajectory.Subagent) (widths []int, spurious int) {
 	width := map[int]int{}
 	seen := map[string]bool{}
 	last := -1
 	for _, sa := range subs {
-		width[sa.Stage]++
-		last = max(last, sa.Stage)
-		k := fmt.Sprint(sa.Stage) + "\x00" + strings.ToLower(strings.Join(strings.Fields(sa.Prompt), " "))
+		call := sa.SpawnCall()
+		width[call]++
+		last = max(last, call)
+		k := fmt.Sprint(call) + "\x00" + strings.ToLower(strings.Join(strings.Fields(sa.Prompt), " "))
 		if !sa.Finished || seen[k] {
 			spurious++
 		}

@@ -843,7 +843,9 @@ type Parent struct {
 	// whose output holds this sub-agent's answer.
 	Step int `json:"step"`
 	// Stage is the 0-based index of that spawn_subagents call in the
-	// orchestrator's episode; Index the sub-agent's place in the call.
+	// orchestrator's episode; Index the sub-agent's place in the call. (An
+	// asynchronous sub-agent's Step is the call that started it; its
+	// result is collected later, which its orchestrator's record says.)
 	Stage int `json:"stage"`
 	Index int `json:"index"`
 }
@@ -886,6 +888,38 @@ type Subagent struct {
 	Useful     bool    `json:"useful"`
 	Critical   bool    `json:"critical"`
 	DurationMS float64 `json:"duration_ms"`
+	// Handle is an asynchronously spawned sub-agent's handle
+	// ("s<call>-<index>": the spawn_subagents call's 0-based number and the
+	// place in it), empty for a synchronous one. For an asynchronous
+	// sub-agent, Step is the spawn_subagents step that started it, Stage the
+	// stage that consumed its result (the 0-based number of the wait or
+	// collect call that returned results), and CollectedStep the wait or
+	// collect tool step whose output holds its result; nil when the
+	// orchestrator never collected it (it was cancelled, or had ended, when
+	// the orchestrator ended), and then it is on no critical path.
+	Handle        string `json:"handle,omitempty"`
+	CollectedStep *int   `json:"collected_step,omitempty"`
+}
+
+// OnCriticalPath says whether the sub-agent's steps can count in its
+// orchestrator's critical steps: every synchronous sub-agent, and an
+// asynchronous one whose result the orchestrator collected.
+func (sa Subagent) OnCriticalPath() bool {
+	return sa.Handle == "" || sa.CollectedStep != nil
+}
+
+// SpawnCall is the 0-based number of the spawn_subagents call that started
+// the sub-agent: its stage when synchronous, read from its handle when
+// asynchronous.
+func (sa Subagent) SpawnCall() int {
+	if sa.Handle == "" {
+		return sa.Stage
+	}
+	var call, index int
+	if _, err := fmt.Sscanf(sa.Handle, "s%d-%d", &call, &index); err != nil {
+		return sa.Stage
+	}
+	return call
 }
 
 // GroupStats are GRPO statistics of the episode's group.
