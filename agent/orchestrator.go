@@ -416,6 +416,17 @@ func (s *Session) runSubagent(ctx context.Context, stage, step, index int, st su
 	if s.cfg.Subagents.Observe != nil {
 		s.cfg.Subagents.Observe(tr)
 	}
+	summarizeSubagent(&sa, tr, s.orch.o.MaxAnswerBytes)
+	if err != nil && sa.Message == "" {
+		sa.Message = err.Error()
+	}
+	return sa
+}
+
+// summarizeSubagent fills what the orchestrator's record holds of a
+// sub-episode's record: how it ended, its answer as shown (at most
+// maxAnswer bytes), its steps, and whether it finished and did work.
+func summarizeSubagent(sa *trajectory.Subagent, tr *trajectory.Trajectory, maxAnswer int) {
 	sa.Steps, sa.ToolCalls = tr.Stats.Turns, tr.Stats.ToolCalls
 	var answer string
 	if term := tr.Termination; term != nil {
@@ -424,11 +435,8 @@ func (s *Session) runSubagent(ctx context.Context, stage, step, index int, st su
 			answer = *term.Answer
 		}
 	}
-	if err != nil && sa.Message == "" {
-		sa.Message = err.Error()
-	}
 	sa.AnswerBytes = len(answer)
-	shown, dropped := Truncate(answer, s.orch.o.MaxAnswerBytes)
+	shown, dropped := Truncate(answer, maxAnswer)
 	sa.Answer, sa.Truncated = shown, dropped > 0
 	sa.Finished = sa.End == trajectory.EndFinished && strings.TrimSpace(answer) != ""
 	work := 0
@@ -438,7 +446,6 @@ func (s *Session) runSubagent(ctx context.Context, stage, step, index int, st su
 		}
 	}
 	sa.Useful = sa.Finished && work > 0
-	return sa
 }
 
 // subTask is the task a sub-agent runs: the sub-task's prompt with the
@@ -516,26 +523,8 @@ func (s *Session) orchestratorStats() {
 }
 
 // CriticalSteps computes an orchestrator record's critical steps from its
-// tree: its model turns plus, for each stage, the most turns of the
-// stage's sub-agents. It is what stats.critical_steps holds.
-func CriticalSteps(t *trajectory.Trajectory) int {
-	turns := 0
-	for _, st := range t.Steps {
-		if st.Type == trajectory.StepModel {
-			turns++
-		}
-	}
-	most := map[int]int{}
-	for _, sa := range t.Subagents {
-		if sa.OnCriticalPath() {
-			most[sa.Stage] = max(most[sa.Stage], sa.Steps)
-		}
-	}
-	for _, m := range most {
-		turns += m
-	}
-	return turns
-}
+// tree (see trajectory.CriticalSteps).
+func CriticalSteps(t *trajectory.Trajectory) int { return trajectory.CriticalSteps(t) }
 
 // spawnOutput is the tool's answer: {"results": [...]}, one sub-agent a line.
 func spawnOutput(rs []spawnResult) string {

@@ -2,12 +2,15 @@ package runtime_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/internal/fakepolicy"
 	"github.com/rollbox/rollbox/runtime"
@@ -125,5 +128,100 @@ func TestTheServiceRunsAsynchronousOrchestratorsWithinOneSlot(t *testing.T) {
 		if sa.Handle == "" || sa.CollectedStep == nil || *sa.CollectedStep != 3 || sa.Stage != 0 || !sa.Useful {
 			t.Errorf("sub-agent %+v", sa)
 		}
+	}
+}
+
+// A service killed (SIGKILL) while an orchestrator's sub-agents run: on
+// restart every sub-episode is accounted for. The one that had finished
+// keeps its record, the one in flight is recorded interrupted with the
+// steps it had taken, and the orchestrator's record, interrupted, names
+// both (its journal named neither: a synchronous call's sub-agents are
+// journaled when it returns, an asynchronous one's when collected), with
+// its critical steps; no journal is left.
+func TestAServiceKilledWhileSubagentsRunAccountsForEverySubEpisode(t *testing.T) {
+	release := make(chan struct{})
+	sub := startPolicy(t, fakepolicy.Config{Responder: fakepolicy.BashThenFinish(1),
+		Fault: func(_ int64, req *fakepolicy.Request) fakepolicy.Fault {
+			if strings.Contains(req.Messages[1].Content, "slow") && req.AssistantTurns() > 0 {
+				<-release // the slow sub-agent's second turn never comes
+			}
+			return fakepolicy.Fault{}
+		}})
+	t.Cleanup(func() { close(release) }) // before the policy server closes
+	spawn := fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "spawn_subagents", Arguments: `{"tasks": [{"prompt": "quick"}, {"prompt": "slow"}]}`}}}
+	wait := fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "wait", Arguments: `{}`}}}
+	for _, tt := range []struct {
+		name    string
+		async   bool
+		replies []fakepolicy.Reply
+		// critical: the orchestrator's turns plus its stage's longest
+		// sub-agent (2 turns), or none of them when never collected.
+		critical int
+	}{
+		{"synchronous", false, []fakepolicy.Reply{spawn}, 1 + 2},
+		{"asynchronous", true, []fakepolicy.Reply{spawn, wait}, 2},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			orch := startPolicy(t, fakepolicy.Config{Responder: fakepolicy.Script(tt.replies...)})
+			data := t.TempDir()
+			child, cmd := startChild(t, data, 4)
+			tk := orchestratorTask("o", sub)
+			tk["orchestrator"].(map[string]any)["async"] = tt.async
+			id := child.submit(rolloutBody(orch, 1, tk))
+			subs := filepath.Join(data, "episodes", agent.SubagentsDir)
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				done, _ := filepath.Glob(filepath.Join(subs, "*.s0-0.json"))
+				j, _ := filepath.Glob(filepath.Join(subs, "*.s0-1"+trajectory.PartialSuffix))
+				if len(done) == 1 && len(j) == 1 {
+					if b, _ := os.ReadFile(j[0]); strings.Count(string(b), `"k":"step"`) == 2 {
+						break
+					}
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the sub-agents did not get going")
+				}
+			}
+			if err := cmd.Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			cmd.Wait()
+
+			s := startService(t, data)
+			if len(s.rec.Interrupted) != 1 || len(s.rec.Subagents) != 2 {
+				t.Errorf("recovered %+v", s.rec)
+			}
+			e := s.episodes(id, "")[0]
+			if e.Termination.Reason != trajectory.EndInterrupted || len(e.Subagents) != 2 {
+				t.Fatalf("the orchestrator: %s, sub-agents %+v", e.Termination.Reason, e.Subagents)
+			}
+			if *e.Stats.Subagents != 2 || *e.Stats.CriticalSteps != tt.critical || *e.Stats.TotalSteps != len(tt.replies)+2+1 {
+				t.Errorf("stats %+v: subagents %d critical %d total %d", e.Stats, *e.Stats.Subagents, *e.Stats.CriticalSteps, *e.Stats.TotalSteps)
+			}
+			for i, want := range []struct {
+				end   string
+				steps int
+			}{{trajectory.EndFinished, 2}, {trajectory.EndInterrupted, 1}} {
+				sa := e.Subagents[i]
+				tr, err := trajectory.Read(filepath.Join(data, "episodes", sa.File))
+				if err != nil {
+					t.Fatalf("sub-agent %d: %v", i, err)
+				}
+				if sa.End != want.end || sa.Steps != want.steps || sa.Index != i || tr.Termination.Reason != want.end ||
+					len(tr.Steps) != 2*want.steps || tr.Parent == nil || tr.Parent.EpisodeID != e.EpisodeID || tr.Parent.Step != sa.Step {
+					t.Errorf("sub-agent %d: %+v; its record ended %s with %d steps, parent %+v", i, sa, tr.Termination.Reason, len(tr.Steps), tr.Parent)
+				}
+				if tt.async && (sa.Handle != fmt.Sprintf("s0-%d", i) || sa.CollectedStep != nil || sa.Critical || e.Steps[sa.Step].Name != "spawn_subagents") {
+					t.Errorf("asynchronous sub-agent %d: %+v", i, sa)
+				}
+				if !tt.async && sa.Critical != (i == 0) {
+					t.Errorf("sub-agent %d critical %v", i, sa.Critical)
+				}
+			}
+			for _, dir := range []string{filepath.Join(data, "episodes"), subs} {
+				if j, _ := filepath.Glob(filepath.Join(dir, "*"+trajectory.PartialSuffix)); len(j) > 0 {
+					t.Errorf("journals left: %v", j)
+				}
+			}
+		})
 	}
 }

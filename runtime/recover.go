@@ -25,6 +25,11 @@ type Recovery struct {
 	// DroppedJournals are journals with nothing in them (the disk filled as
 	// their episode began), removed.
 	DroppedJournals []string
+	// Subagents are sub-episodes of interrupted orchestrators that their
+	// journals did not name yet (the call that ran them had not returned,
+	// or they were not collected), now named in their orchestrators'
+	// records; every sub-episode journal is recorded interrupted.
+	Subagents []string
 	// UnindexedImports are records of imported episodes written by a
 	// process that stopped before it indexed them (never acknowledged),
 	// removed: a resend of their lines stores them again.
@@ -88,6 +93,13 @@ func readOutcome(path string) (*outcome, error) {
 func (s *Server) recover(unfinished []*rolloutRecord) (*Recovery, error) {
 	start := time.Now()
 	rec := &Recovery{}
+	// Sub-episodes first: each interrupted orchestrator's journal then
+	// names all of its sub-episodes when it becomes a record.
+	subs, err := agent.RecoverSubagents(s.st.episodesDir)
+	if err != nil {
+		s.log.Error("some sub-episodes could not be recovered", "err", err)
+	}
+	rec.Subagents = subs
 	_, dropped, err := trajectory.RecoverDir(s.st.episodesDir)
 	if err != nil {
 		// A journal that cannot be read is left where it is; its episode

@@ -445,6 +445,12 @@ func Recover(partial string) (*Trajectory, error) {
 		t.Stats = statsOf(t)
 	}
 	t.Segments, _ = BuildSegments(t.Steps)
+	if t.Parent != nil {
+		// A sub-episode's turns are the frozen sub-agent policy's (see End).
+		for i := range t.Segments {
+			clear(t.Segments[i].LossMask)
+		}
+	}
 	return t, nil
 }
 
@@ -483,7 +489,80 @@ func statsOf(t *Trajectory) Stats {
 	if t.EndedAt != nil {
 		st.DurationMS = float64(t.EndedAt.Sub(t.StartedAt)) / float64(time.Millisecond)
 	}
+	if t.IsOrchestrator() {
+		crit, total, n := CriticalSteps(t), st.Turns, len(t.Subagents)
+		for _, sa := range t.Subagents {
+			total += sa.Steps
+		}
+		st.CriticalSteps, st.TotalSteps, st.Subagents = &crit, &total, &n
+	}
 	return st
+}
+
+// IsOrchestrator says whether the record is an orchestrator episode's (its
+// task has an orchestrator object, or it lists sub-agents).
+func (t *Trajectory) IsOrchestrator() bool {
+	if len(t.Subagents) > 0 {
+		return true
+	}
+	var task struct {
+		Orchestrator json.RawMessage `json:"orchestrator"`
+	}
+	return json.Unmarshal(t.Task, &task) == nil && len(task.Orchestrator) > 0 && string(task.Orchestrator) != "null"
+}
+
+// CriticalSteps computes an orchestrator record's critical steps from its
+// tree: its model turns plus, for each stage, the most turns of the
+// stage's sub-agents on the critical path. It is what stats.critical_steps
+// holds.
+func CriticalSteps(t *Trajectory) int {
+	turns := 0
+	for _, st := range t.Steps {
+		if st.Type == StepModel {
+			turns++
+		}
+	}
+	most := map[int]int{}
+	for _, sa := range t.Subagents {
+		if sa.OnCriticalPath() {
+			most[sa.Stage] = max(most[sa.Stage], sa.Steps)
+		}
+	}
+	for _, m := range most {
+		turns += m
+	}
+	return turns
+}
+
+// AppendSubagents adds sub-agent lines to the journal of an episode that
+// is not running (a recovery: the sub-episodes its process left without
+// telling it), made durable before it returns. A torn last line stays a
+// line of its own (dropped by Recover).
+func AppendSubagents(partial string, subs []Subagent) error {
+	f, err := os.OpenFile(partial, os.O_RDWR|os.O_APPEND, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var buf bytes.Buffer
+	if st, err := f.Stat(); err == nil && st.Size() > 0 {
+		last := make([]byte, 1)
+		if _, err := f.ReadAt(last, st.Size()-1); err == nil && last[0] != '\n' {
+			buf.WriteByte('\n')
+		}
+	}
+	for _, s := range subs {
+		b, err := json.Marshal(s)
+		if err != nil {
+			return err
+		}
+		line, _ := json.Marshal(journalLine{K: lineSubagent, V: b})
+		buf.Write(append(line, '\n'))
+	}
+	if _, err := f.Write(buf.Bytes()); err != nil {
+		return err
+	}
+	return f.Sync()
 }
 
 func apply(t **Trajectory, jl journalLine) error {
