@@ -111,7 +111,7 @@ func (s *Server) postEpisode(w http.ResponseWriter, r *http.Request) error {
 	if task.Sandbox.Backend != "" {
 		backend = task.Sandbox.Backend
 	}
-	subagents, err := s.subagentPolicies([]*agent.Task{task}, "task")
+	subagents, err := s.subagentPolicies(r.Context(), []*agent.Task{task}, "task")
 	if err != nil {
 		return err
 	}

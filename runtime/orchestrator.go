@@ -15,7 +15,8 @@ import (
 
 // subagentPolicy is an orchestrator task's frozen sub-agent policy as the
 // service runs it: an OpenAI-compatible client behind its endpoint's cap on
-// calls in flight.
+// calls in flight, in chat or token mode (its ids recorded, every one with
+// loss mask 0: a sub-agent's turns are never trained on).
 type subagentPolicy struct {
 	policy agent.Policy
 	info   trajectory.Policy
@@ -25,8 +26,9 @@ type subagentPolicy struct {
 // (by task). The service takes a policy object only ({"base_url", "model",
 // "sampling"?, "max_retries"?, "timeout_s"?}): a policy string names files
 // of the machine it runs on, which is `rollbox run`'s, not a client's.
-// field names the tasks in errors ("tasks").
-func (s *Server) subagentPolicies(tasks []*agent.Task, field string) (map[*agent.Task]subagentPolicy, error) {
+// field names the tasks in errors ("tasks"). A token-mode policy's
+// tokenizer is probed here, at admission (see tokenPolicy).
+func (s *Server) subagentPolicies(ctx context.Context, tasks []*agent.Task, field string) (map[*agent.Task]subagentPolicy, error) {
 	out := map[*agent.Task]subagentPolicy{}
 	for i, t := range tasks {
 		o := t.Orchestrator
@@ -50,8 +52,13 @@ func (s *Server) subagentPolicies(tasks []*agent.Task, field string) (map[*agent
 		if pr.Model == "" {
 			return nil, badField(f+".model", "required: the frozen sub-agent model's name")
 		}
-		if pr.Mode != "" && pr.Mode != trajectory.ModeChat {
-			return nil, badField(f+".mode", "sub-agents run in chat mode (their turns are never trained on)")
+		switch pr.Mode {
+		case "", trajectory.ModeChat, trajectory.ModeTokens:
+		default:
+			return nil, badField(f+".mode", "%q is not one of chat, tokens", pr.Mode)
+		}
+		if pr.TokenizeURL != "" && pr.Mode != trajectory.ModeTokens {
+			return nil, badField(f+".tokenize_url", "only with \"mode\": \"tokens\"")
 		}
 		if pr.MaxRetries != nil && (*pr.MaxRetries < 0 || *pr.MaxRetries > 20) {
 			return nil, badField(f+".max_retries", "%d is outside 0..20", *pr.MaxRetries)
@@ -76,15 +83,28 @@ func (s *Server) subagentPolicies(tasks []*agent.Task, field string) (map[*agent
 			}
 		}
 		ep := s.endpoints.get(pr.BaseURL)
-		p, err := openai.New(openai.Config{BaseURL: pr.BaseURL, Model: pr.Model, APIKey: s.opts.PolicyAPIKey, MaxRetries: retries,
-			Timeout: time.Duration(pr.TimeoutS * float64(time.Second)), HTTPClient: ep.client})
-		if err != nil {
-			return nil, badField(f, "%v", err)
-		}
+		cfg := openai.Config{BaseURL: pr.BaseURL, Model: pr.Model, APIKey: s.opts.PolicyAPIKey, MaxRetries: retries,
+			Timeout: time.Duration(pr.TimeoutS * float64(time.Second)), HTTPClient: ep.client, TokenizeURL: pr.TokenizeURL}
 		sj, _ := json.Marshal(sampling)
+		info := trajectory.Policy{Kind: "openai", Endpoint: pr.BaseURL, Model: strings.TrimSpace(pr.Model), Sampling: sj}
+		var p agent.Policy
+		if pr.Mode == trajectory.ModeTokens {
+			tp, err := s.tokenPolicy(ctx, cfg, f)
+			if err != nil {
+				return nil, err
+			}
+			tok := tp.Tokenizer()
+			p, info.Mode, info.Tokenizer = tp, trajectory.ModeTokens, &tok
+		} else {
+			cp, err := openai.New(cfg)
+			if err != nil {
+				return nil, badField(f, "%v", err)
+			}
+			p = cp
+		}
 		out[t] = subagentPolicy{
 			policy: &sampledPolicy{inner: &gatedPolicy{inner: p, ep: ep, metrics: s.metrics}, sampling: sampling},
-			info:   trajectory.Policy{Kind: "openai", Endpoint: pr.BaseURL, Model: strings.TrimSpace(pr.Model), Sampling: sj},
+			info:   info,
 		}
 	}
 	return out, nil

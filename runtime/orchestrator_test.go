@@ -76,6 +76,7 @@ func TestTheServiceRunsOrchestratorsWithinOneSlotWithoutDeadlock(t *testing.T) {
 
 func TestTheServiceRefusesASubagentPolicyItCannotRun(t *testing.T) {
 	orch := startPolicy(t, fakepolicy.Config{})
+	notok := startPolicy(t, fakepolicy.Config{NoTokenizer: true})
 	s := startService(t, "")
 	for _, tt := range []struct {
 		policy any
@@ -84,7 +85,9 @@ func TestTheServiceRefusesASubagentPolicyItCannotRun(t *testing.T) {
 		{"scripted:/etc/passwd", "tasks[0].orchestrator.subagent_policy"},
 		{map[string]any{"base_url": "file:///x", "model": "m"}, "tasks[0].orchestrator.subagent_policy.base_url"},
 		{map[string]any{"base_url": "http://127.0.0.1:1/v1"}, "tasks[0].orchestrator.subagent_policy.model"},
-		{map[string]any{"base_url": "http://127.0.0.1:1/v1", "model": "m", "mode": "tokens"}, "tasks[0].orchestrator.subagent_policy.mode"},
+		{map[string]any{"base_url": "http://127.0.0.1:1/v1", "model": "m", "mode": "binary"}, "tasks[0].orchestrator.subagent_policy.mode"},
+		{map[string]any{"base_url": "http://127.0.0.1:1/v1", "model": "m", "tokenize_url": "http://127.0.0.1:1/tokenize"}, "tasks[0].orchestrator.subagent_policy.tokenize_url"},
+		{map[string]any{"base_url": notok.URL(), "model": "m", "mode": "tokens"}, "tasks[0].orchestrator.subagent_policy.mode"},
 	} {
 		tk := task("o")
 		tk["orchestrator"] = map[string]any{"subagent_policy": tt.policy}
@@ -224,4 +227,60 @@ func TestAServiceKilledWhileSubagentsRunAccountsForEverySubEpisode(t *testing.T)
 			}
 		})
 	}
+}
+
+// Sub-agents whose policy is in token mode, as the orchestrator's: their
+// records hold the ids sampled, every one with loss mask 0 (a sub-agent's
+// turns are the frozen policy's), while the orchestrator's sampled ids are
+// trained on.
+func TestTokenModeSubagentsRecordTheirIdsWithLossMaskZero(t *testing.T) {
+	orch := startPolicy(t, fakepolicy.Config{Responder: fakepolicy.Script(
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "spawn_subagents", Arguments: `{"tasks": [{"prompt": "look at a"}, {"prompt": "look at b"}]}`}}},
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "finish", Arguments: `{"answer": "done"}`}}})})
+	sub := startPolicy(t, fakepolicy.Config{Responder: fakepolicy.BashThenFinish(1), Record: true})
+	data := t.TempDir()
+	s := startService(t, data)
+	tk := orchestratorTask("o", sub)
+	tk["orchestrator"].(map[string]any)["subagent_policy"].(map[string]any)["mode"] = "tokens"
+	id := s.submit(tokenRolloutBody(orch, 1, nil, tk))
+	s.waitState(id, time.Minute, func(st status) bool { return st.State == "done" })
+	e := s.episodes(id, "")[0]
+	if e.Termination.Reason != trajectory.EndFinished || len(e.Subagents) != 2 {
+		t.Fatalf("the orchestrator ended %s with sub-agents %+v", e.Termination.Reason, e.Subagents)
+	}
+	if trained := lossMaskSum(e.Segments); trained == 0 {
+		t.Errorf("the orchestrator's segments %+v train on nothing", e.Segments)
+	}
+	for _, sa := range e.Subagents {
+		tr, err := trajectory.Read(filepath.Join(data, "episodes", sa.File))
+		if err != nil {
+			t.Fatal(err)
+		}
+		completions := 0
+		for _, st := range tr.Steps {
+			completions += len(st.CompletionIDs)
+		}
+		ids := 0
+		for _, seg := range tr.Segments {
+			ids += len(seg.Ids)
+		}
+		if tr.Policy.Mode != trajectory.ModeTokens || tr.Policy.Tokenizer == nil || completions == 0 || ids < completions || lossMaskSum(tr.Segments) != 0 || !sa.Useful {
+			t.Errorf("sub-episode %s: policy %+v, %d completion ids, segments %+v", sa.EpisodeID, tr.Policy, completions, tr.Segments)
+		}
+	}
+	for _, r := range sub.Requests() {
+		if r.Endpoint != "completions" {
+			t.Fatalf("the sub-agent policy was called at %s", r.Endpoint)
+		}
+	}
+}
+
+func lossMaskSum(segs []trajectory.Segment) int {
+	n := 0
+	for _, seg := range segs {
+		for _, m := range seg.LossMask {
+			n += int(m)
+		}
+	}
+	return n
 }

@@ -444,7 +444,7 @@ func (s *Server) parseRollout(ctx context.Context, body []byte) (*rollout, []*jo
 	if err := s.clusterRefuses(&req, tasks); err != nil {
 		return nil, nil, err
 	}
-	subagents, err := s.subagentPolicies(tasks, "tasks")
+	subagents, err := s.subagentPolicies(ctx, tasks, "tasks")
 	if err != nil {
 		return nil, nil, err
 	}
@@ -464,7 +464,7 @@ func (s *Server) parseRollout(ctx context.Context, body []byte) (*rollout, []*jo
 	if pr.Mode == trajectory.ModeTokens {
 		// Admission: a server that cannot serve token mode refuses the
 		// rollout here, not each episode.
-		tp, err := s.tokenPolicy(ctx, pcfg)
+		tp, err := s.tokenPolicy(ctx, pcfg, "policy")
 		if err != nil {
 			return nil, nil, err
 		}

@@ -13,9 +13,10 @@ import (
 // tokenPolicy opens a token-mode policy, probing the server's tokenizer:
 // a server that cannot serve token mode refuses the rollout at admission.
 // A server that answered (404, a template token mode cannot continue) is
-// bad input, a 400 naming policy.mode; one that could not be reached is a
-// 503 to retry.
-func (s *Server) tokenPolicy(ctx context.Context, cfg openai.Config) (*openai.TokenPolicy, error) {
+// bad input, a 400 naming <field>.mode; one that could not be reached is a
+// 503 to retry. field is the policy object's ("policy", or a sub-agent
+// policy's).
+func (s *Server) tokenPolicy(ctx context.Context, cfg openai.Config, field string) (*openai.TokenPolicy, error) {
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if cfg.MaxRetries == 0 || cfg.MaxRetries > 2 {
@@ -27,14 +28,14 @@ func (s *Server) tokenPolicy(ctx context.Context, cfg openai.Config) (*openai.To
 	}
 	var ce *openai.CallError
 	if errors.As(err, &ce) && (ce.StatusCode == 0 && ce.Attempts > 0 && ce.Err != nil || ce.StatusCode >= 500) {
-		return nil, &apiError{Status: http.StatusServiceUnavailable, Code: "policy_unavailable", Field: "policy.base_url",
+		return nil, &apiError{Status: http.StatusServiceUnavailable, Code: "policy_unavailable", Field: field + ".base_url",
 			Message: fmt.Sprintf("token mode needs the policy server's tokenizer, which could not be reached: %v", err), RetryAfter: 5}
 	}
 	if ctx.Err() == nil && pctx.Err() != nil {
-		return nil, &apiError{Status: http.StatusServiceUnavailable, Code: "policy_unavailable", Field: "policy.base_url",
+		return nil, &apiError{Status: http.StatusServiceUnavailable, Code: "policy_unavailable", Field: field + ".base_url",
 			Message: fmt.Sprintf("token mode: the policy server's tokenizer did not answer in 30s: %v", err), RetryAfter: 5}
 	}
-	return nil, badField("policy.mode", "%v", err)
+	return nil, badField(field+".mode", "%v", err)
 }
 
 // initialVersion is a new rollout's policy version: its own, else the last
