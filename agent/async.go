@@ -321,6 +321,9 @@ func (s *Session) consumeAsync(ctx context.Context, tool string, handles []strin
 		timer = t.C
 	}
 	slots := s.cfg.Subagents.Slots
+	if s.cfg.Subagents.Slotless {
+		slots = nil // it holds none to give back
+	}
 	released, timedOut := false, false
 	var ready, pending []*asyncSub
 	for {

@@ -169,6 +169,10 @@ type Subagents struct {
 	Policy func(t *Task) (Policy, trajectory.Policy, error)
 	// Slots, if set, bounds the sub-agents with the episodes (see Slots).
 	Slots Slots
+	// Slotless says the orchestrator itself holds no slot of Slots (an
+	// environment episode, driven by its trainer): each of its sub-agents
+	// takes a slot of its own, and it takes none back after them.
+	Slotless bool
 	// Recorded, set by replay, answers each spawn_subagents call with the
 	// recorded sub-agents of the same stage instead of running them.
 	Recorded []trajectory.Subagent
@@ -336,15 +340,17 @@ func (s *Session) subagentTools() []string {
 
 // runSubagents runs a call's sub-agents, at most max_parallel at once,
 // each holding a slot of the scheduler (if any) while it runs; the
-// orchestrator's own slot is handed to the first meanwhile. It returns
+// orchestrator's own slot (unless Slotless) is handed to the first
+// meanwhile. It returns
 // their records in the call's order.
 func (s *Session) runSubagents(ctx context.Context, stage, step int, tasks []subTask, allowed []string) []trajectory.Subagent {
 	slots := s.cfg.Subagents.Slots
 	// The orchestrator's own slot goes to the first sub-agent to start
 	// (never released in between, so no queued episode takes it first);
 	// the others take slots before any queued episode.
+	slotless := s.cfg.Subagents.Slotless
 	var inherited atomic.Bool
-	inherited.Store(slots != nil)
+	inherited.Store(slots != nil && !slotless)
 	out := make([]trajectory.Subagent, len(tasks))
 	sem := make(chan struct{}, s.orch.o.MaxParallel)
 	var wg sync.WaitGroup
@@ -358,7 +364,7 @@ func (s *Session) runSubagents(ctx context.Context, stage, step int, tasks []sub
 		}()
 	}
 	wg.Wait()
-	if slots != nil && !inherited.Load() {
+	if slots != nil && !slotless && !inherited.Load() {
 		// The orchestrator takes a slot back whatever happens: the
 		// scheduler counts it running until it ends.
 		slots.Acquire(context.WithoutCancel(ctx), s.backend)

@@ -146,9 +146,11 @@ func (s *Server) postEpisode(w http.ResponseWriter, r *http.Request) error {
 		Observe: s.metrics.observer(backend), Retry: s.openRetry(id, backend, nil), Judges: s.judges,
 		Subagents: s.subagents(task, subagents)}
 	if cfg.Subagents != nil {
-		// An environment episode holds no scheduler slot: its sub-agents
-		// are bound by max_parallel alone.
-		cfg.Subagents.Slots = nil
+		// An environment episode holds no scheduler slot (its trainer
+		// drives it), so it has none to give its sub-agents: each takes a
+		// slot of its own, counted with the rollouts' episodes, and none
+		// waits on its parent.
+		cfg.Subagents.Slotless = true
 	}
 	if s.opts.ConfigureEpisode != nil {
 		if err := s.opts.ConfigureEpisode(&cfg); err != nil {

@@ -284,3 +284,55 @@ func lossMaskSum(segs []trajectory.Segment) int {
 	}
 	return n
 }
+
+// An environment-mode orchestrator holds no slot of the scheduler, so its
+// sub-agents each take one like a rollout's episodes do: with the one slot
+// of the service held by a rollout's episode, they wait (nothing of them
+// runs), and they run, and the step answers, once it ends.
+func TestEnvironmentModeSubagentsCountAgainstTheSchedulersLimits(t *testing.T) {
+	p, free := blockingPolicy(t)
+	sub := startPolicy(t, fakepolicy.Config{Responder: fakepolicy.BashThenFinish(1)})
+	s := startService(t, "", func(o *runtime.Options) { o.Limits.MaxRunning = 1 })
+	rid := s.submit(rolloutBody(p, 1, task("a")))
+	s.waitRunning(1, 20*time.Second)
+
+	var opened struct{ ID string }
+	if code, _ := s.do("POST", "/v1/episodes", map[string]any{"task": orchestratorTask("o", sub)}, &opened); code != http.StatusCreated {
+		t.Fatalf("open: %d", code)
+	}
+	type answer struct {
+		code int
+		res  runtime.StepResult
+	}
+	stepped := make(chan answer, 1)
+	go func() {
+		var a answer
+		a.code, _ = s.do("POST", "/v1/episodes/"+opened.ID+"/step", map[string]any{"tool_calls": []any{map[string]any{"id": "c1", "name": "spawn_subagents",
+			"arguments": map[string]any{"tasks": []any{map[string]any{"prompt": "look at a"}, map[string]any{"prompt": "look at b"}}}}}}, &a.res)
+		stepped <- a
+	}()
+	select {
+	case a := <-stepped:
+		t.Fatalf("the step answered %d while the only slot was held: %+v", a.code, a.res)
+	case <-time.After(500 * time.Millisecond):
+	}
+	if n := sub.Calls(); n != 0 {
+		t.Fatalf("the sub-agents called their policy %d times while the only slot was held", n)
+	}
+	free()
+	s.waitState(rid, 20*time.Second, func(st status) bool { return st.State == "done" })
+	var a answer
+	select {
+	case a = <-stepped:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the step never answered: its sub-agents never ran")
+	}
+	if a.code != 200 || len(a.res.Results) != 1 || strings.Count(a.res.Results[0].Output, `"end":"finished"`) != 2 {
+		t.Fatalf("step: %d %+v", a.code, a.res)
+	}
+	var h health
+	s.do("GET", "/healthz", nil, &h)
+	if h.EpisodesRunning != 0 {
+		t.Errorf("%d episodes counted running after the sub-agents ended", h.EpisodesRunning)
+	}
+}
