@@ -241,7 +241,7 @@ func open(ctx context.Context, cfg Config) (_ *Session, err error) {
 	s.stats.ToolErrors = map[string]int{}
 	rec := &trajectory.Trajectory{
 		EpisodeID: cfg.EpisodeID, RolloutID: cfg.RolloutID, GroupID: cfg.GroupID, GroupIndex: cfg.GroupIndex,
-		TaskID: t.ID, TaskHash: t.Hash(), Seed: cfg.Seed, Task: taskJSON, TaskDir: t.Dir(), ReplayOf: cfg.ReplayOf, Parent: cfg.Parent, StartedAt: s.start.UTC(),
+		TaskID: t.ID, TaskHash: t.Hash(), Seed: cfg.Seed, Task: taskJSON, TaskDir: t.Dir(), ReplayOf: cfg.ReplayOf, Parent: cfg.Parent, TrainStep: cfg.TrainStep, StartedAt: s.start.UTC(),
 		Sandbox: trajectory.Sandbox{Backend: cfg.backend()},
 		Policy:  pi,
 		Pinned:  pinned,

@@ -336,3 +336,70 @@ func TestEnvironmentModeSubagentsCountAgainstTheSchedulersLimits(t *testing.T) {
 		t.Errorf("%d episodes counted running after the sub-agents ended", h.EpisodesRunning)
 	}
 }
+
+// Rescoring parl episodes recomputes r_perf, r_parallel and r_finish from
+// the record, with the λ annealed at the train step each episode ran at:
+// an orchestrator whose reward was parl (its perf a composite with a tests
+// part, whose recorded score is taken), and one whose reward was not parl
+// at all (its train step read from the record's train_step).
+func TestRescoringParlEpisodesAnnealsAtTheirRecordedTrainStep(t *testing.T) {
+	orch := startPolicy(t, fakepolicy.Config{Responder: fakepolicy.Script(
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "spawn_subagents", Arguments: `{"tasks": [{"prompt": "look at a"}, {"prompt": "look at b"}, {"prompt": "look at c"}]}`}}},
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "finish", Arguments: `{"answer": "done"}`}}})})
+	sub := startPolicy(t, fakepolicy.Config{Responder: fakepolicy.BashThenFinish(1)})
+	data := t.TempDir()
+	s := startService(t, data)
+	perf := map[string]any{"type": "composite", "parts": []any{
+		map[string]any{"name": "answer", "weight": 1, "reward": map[string]any{"type": "exact", "answer": "done"}},
+		map[string]any{"name": "check", "weight": 1, "reward": map[string]any{"type": "tests", "command": "cat /work/hello.txt"}}}}
+	parl := orchestratorTask("parl", sub)
+	parl["reward"] = map[string]any{"type": "parl", "perf": perf, "lambda_parallel": 0.5, "lambda_finish": 0.5, "parallel_cap": 3,
+		"anneal": map[string]any{"schedule": "cosine", "steps": 100}}
+	plain := orchestratorTask("plain", sub)
+	plain["reward"] = perf
+	body := rolloutBody(orch, 1, parl, plain)
+	body["train_step"] = 50
+	id := s.submit(body)
+	s.waitState(id, time.Minute, func(st status) bool { return st.State == "done" })
+	before := map[string]*trajectory.Trajectory{}
+	for _, e := range s.episodes(id, "") {
+		before[e.TaskID] = e
+		if e.TrainStep != 50 || e.Reward.Total == nil {
+			t.Fatalf("%s: train_step %d reward %+v", e.TaskID, e.TrainStep, e.Reward)
+		}
+	}
+	if v := *before["parl"].Reward.Total; v != 1+0.25+0.25 {
+		t.Fatalf("parl recorded %v", v)
+	}
+
+	spec, err := runtime.ParseRescoreSpec([]byte(`{"type": "parl", "lambda_parallel": 1, "lambda_finish": 0.4, "parallel_cap": 6,
+		"anneal": {"schedule": "linear", "steps": 200}, "perf": {"type": "composite", "parts": [
+		{"name": "answer", "weight": 1, "reward": {"type": "exact", "answer": "done"}},
+		{"name": "check", "weight": 3, "reward": {"type": "tests", "command": "cat /work/hello.txt"}}]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := runtime.Rescore(t.Context(), runtime.RescoreConfig{RunDir: data, Spec: spec})
+	if err != nil || res.Episodes != 2 {
+		t.Fatalf("rescore: %d episodes, %v", res.Episodes, err)
+	}
+	// linear at 50 of 200 steps: λ0·3/4; r_parallel 3 of cap 6.
+	want := map[string]float64{"r_perf": 1, "r_parallel": 0.5, "r_finish": 1, "lambda_parallel": 0.75, "lambda_finish": 0.3,
+		"train_step": 50, "subagents": 3, "useful_subagents": 3, "critical_steps": 2 + 2, "perf.answer": 1, "perf.check": 1}
+	for task, e := range before {
+		tr, err := trajectory.Read(filepath.Join(res.Dir, "episodes", e.EpisodeID+".json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := tr.Reward
+		if r.Total == nil || *r.Total != 1+0.75*0.5+0.3*1 {
+			t.Errorf("%s: rescored %+v", task, r)
+			continue
+		}
+		for k, v := range want {
+			if r.Components[k] != v {
+				t.Errorf("%s: %s = %v, want %v", task, k, r.Components[k], v)
+			}
+		}
+	}
+}

@@ -255,8 +255,11 @@ func rescoreOne(ctx context.Context, cfg RescoreConfig, t *trajectory.Trajectory
 		if t.Stats.CriticalSteps != nil {
 			in.CriticalSteps = *t.Stats.CriticalSteps
 		}
-		if t.Reward != nil {
-			// A parl reward anneals at the train step the episode ran at.
+		// A parl reward anneals at the train step the episode ran at (a
+		// record older than its train_step field has it in its parl
+		// reward's components).
+		in.TrainStep = t.TrainStep
+		if in.TrainStep == 0 && t.Reward != nil {
 			in.TrainStep = int64(t.Reward.Components["train_step"])
 		}
 		for _, e := range t.ContextEvents {
@@ -303,23 +306,35 @@ func recorded(spec *reward.Spec, r *trajectory.Reward) *reward.Recorded {
 			rec.Tests[spec.Command] = v
 		}
 	case "parl":
-		if spec.Perf != nil && spec.Perf.Type == "tests" {
-			if v, ok := r.Components["r_perf"]; ok {
-				rec.Tests[spec.Perf.Command] = v
+		// The perf reward's total is r_perf; a composite perf's parts are
+		// perf.<name>.
+		switch p := spec.Perf; {
+		case p == nil:
+		case p.Type == "tests":
+			if v, ok := r.Components[trajectory.PerfComponent]; ok {
+				rec.Tests[p.Command] = v
 			}
+		case p.Type == "composite":
+			recordedParts(p, r.Components, "perf.", rec.Tests)
 		}
 	case "composite":
-		for _, p := range spec.Parts {
-			name := p.Name
-			if name == "" {
-				name = p.Reward.Type
-			}
-			if v, ok := r.Components[name]; ok && p.Reward.Type == "tests" {
-				rec.Tests[p.Reward.Command] = v
-			}
-		}
+		recordedParts(spec, r.Components, "", rec.Tests)
 	}
 	return rec
+}
+
+// recordedParts takes the tests scores of a composite's parts from the
+// components they were recorded as (prefix + the part's name).
+func recordedParts(spec *reward.Spec, c map[string]float64, prefix string, tests map[string]float64) {
+	for _, p := range spec.Parts {
+		name := p.Name
+		if name == "" {
+			name = p.Reward.Type
+		}
+		if v, ok := c[prefix+name]; ok && p.Reward.Type == "tests" {
+			tests[p.Reward.Command] = v
+		}
+	}
 }
 
 // loadEnded reads the ended episodes of dir (journals of episodes in

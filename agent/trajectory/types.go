@@ -89,6 +89,10 @@ type Trajectory struct {
 	// spawned it, and where. A sub-episode's turns are the frozen
 	// sub-agent policy's: never trained on (loss mask 0), never rewarded.
 	Parent *Parent `json:"parent,omitempty"`
+	// TrainStep is the trainer's step the episode ran at (the rollout
+	// request's train_step; absent when 0): a parl reward anneals its
+	// weights by it, and a rescore anneals at it again.
+	TrainStep int64 `json:"train_step,omitempty"`
 	// Subagents lists the sub-episodes an orchestrator episode spawned,
 	// in the order of its spawn_subagents calls (absent elsewhere).
 	Subagents []Subagent `json:"subagents,omitempty"`
