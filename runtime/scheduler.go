@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -336,7 +337,7 @@ func (sc *scheduler) pick() *job {
 		r.queue[0] = nil
 		r.queue = r.queue[1:]
 		if len(r.queue) == 0 {
-			sc.active = append(sc.active[:idx], sc.active[idx+1:]...)
+			sc.active = slices.Delete(sc.active, idx, idx+1) // zeroes the tail: no stale reference
 			sc.next = idx
 		} else {
 			sc.next = idx + 1
@@ -477,7 +478,7 @@ func (sc *scheduler) withdraw(r *rollout) []*job {
 	r.queue = nil
 	for i, a := range sc.active {
 		if a == r {
-			sc.active = append(sc.active[:i], sc.active[i+1:]...)
+			sc.active = slices.Delete(sc.active, i, i+1)
 			if sc.next > i {
 				sc.next--
 			}
