@@ -19,9 +19,13 @@ const idleReclaimAfter = 5 * time.Second
 // the freed spans for reuse (the scavenger returns only what is far above
 // the next GC goal) and the policy clients keep their idle connections (a
 // read and a write buffer and two goroutines each, up to
-// --policy-concurrency per endpoint). So, once idle: the idle connections
-// are closed and debug.FreeOSMemory collects and returns every free span.
-// The next rollout pays for a few new connections.
+// --policy-concurrency per endpoint), and the ended rollouts stay in memory
+// for Limits.KeepEnded (each episode's state, context and group): a few
+// live objects on many spans, which keeps those spans from being returned.
+// So, once idle: the ended rollouts are forgotten (the store has them), the
+// idle connections are closed and debug.FreeOSMemory collects and returns
+// every free span. The next rollout pays for a few new connections, and a
+// read of an ended rollout for its load from the store.
 func (s *Server) reclaimWhenIdle(ctx context.Context) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -41,9 +45,50 @@ func (s *Server) reclaimWhenIdle(ctx context.Context) {
 		}
 		reclaimed = true
 		start := time.Now()
-		s.endpoints.Close()
-		debug.FreeOSMemory()
-		s.metrics.MemoryReclaims.Inc()
-		s.log.Debug("idle: closed the policy connections and returned free memory", "took", time.Since(start))
+		forgotten := s.reclaim()
+		s.log.Debug("idle: forgot the ended rollouts, closed the policy connections and returned free memory",
+			"rollouts", forgotten, "took", time.Since(start))
 	}
+}
+
+// reclaim gives memory back (reclaimWhenIdle) and says how many ended
+// rollouts it forgot.
+func (s *Server) reclaim() int {
+	n := s.forgetEnded()
+	s.endpoints.Close()
+	debug.FreeOSMemory()
+	s.metrics.MemoryReclaims.Inc()
+	return n
+}
+
+// forgetEnded drops the ended rollouts from memory now rather than after
+// Limits.KeepEnded: a read loads one from the store again, and a stream
+// still reading one keeps it. While the index owes ends it could not take
+// (a full disk), the store is behind memory and nothing is dropped.
+func (s *Server) forgetEnded() int {
+	if s.unindexedAny.Load() {
+		return 0
+	}
+	s.mu.Lock()
+	rs := make([]*rollout, 0, len(s.rollouts))
+	for _, r := range s.rollouts {
+		rs = append(rs, r)
+	}
+	s.mu.Unlock()
+	n := 0
+	for _, r := range rs {
+		r.mu.Lock()
+		ended := terminalState(r.rec.State)
+		r.mu.Unlock()
+		if !ended {
+			continue
+		}
+		s.mu.Lock()
+		if s.rollouts[r.id] == r {
+			delete(s.rollouts, r.id)
+			n++
+		}
+		s.mu.Unlock()
+	}
+	return n
 }

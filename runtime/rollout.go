@@ -13,6 +13,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"weak"
 
 	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/agent/openai"
@@ -911,12 +912,14 @@ func isWriteError(err error) bool {
 }
 
 // forgetLater drops an ended rollout from memory after Limits.KeepEnded;
-// the store has it.
+// the store has it. The timer holds it weakly: a rollout forgotten sooner
+// (forgetEnded) is not kept alive by its timer.
 func (s *Server) forgetLater(r *rollout) {
+	id, w := r.id, weak.Make(r)
 	time.AfterFunc(s.limits.KeepEnded, func() {
 		s.mu.Lock()
-		if s.rollouts[r.id] == r {
-			delete(s.rollouts, r.id)
+		if cur := s.rollouts[id]; cur != nil && cur == w.Value() {
+			delete(s.rollouts, id)
 		}
 		s.mu.Unlock()
 	})

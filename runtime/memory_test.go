@@ -1,0 +1,42 @@
+package runtime_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/rollbox/rollbox/internal/fakepolicy"
+)
+
+// An idle service drops its ended rollouts from memory (what thousands of
+// episodes' states hold would pin the heap's spans for KeepEnded) and every
+// one of them still reads back whole from the store.
+func TestIdleReclaimForgetsEndedRolloutsAndLosesNothing(t *testing.T) {
+	s := startService(t, "")
+	p := startPolicy(t, fakepolicy.Config{Responder: answering(func(string) string { return "done" })})
+	id := s.submit(rolloutBody(p, 2, task("a"), task("b")))
+	before := s.waitState(id, 2*time.Minute, func(st status) bool { return st.State == "done" })
+	beforeEps := s.episodes(id, "")
+
+	held := s.srv.RolloutHeld(id)
+	s.srv.Reclaim()
+	if n := s.srv.RolloutsInMemory(); n != 0 {
+		t.Errorf("after an idle reclaim %d rollout(s) are still in memory, want the ended one forgotten", n)
+	}
+	if held() {
+		t.Errorf("after an idle reclaim the ended rollout is still reachable (its memory is not given back)")
+	}
+	after := s.status(id)
+	if after.State != before.State || after.EpisodesDone != before.EpisodesDone || after.EpisodesTotal != 4 ||
+		after.Ends["finished"] != before.Ends["finished"] || *after.RewardMean != *before.RewardMean {
+		t.Errorf("the rollout read back from the store is %+v, before the reclaim %+v", after, before)
+	}
+	afterEps := s.episodes(id, "")
+	if len(afterEps) != len(beforeEps) || len(afterEps) != 4 {
+		t.Fatalf("%d episodes read back after the reclaim, %d before, want 4", len(afterEps), len(beforeEps))
+	}
+	for i, e := range afterEps {
+		if e.EpisodeID != beforeEps[i].EpisodeID || e.Group == nil || beforeEps[i].Group == nil || e.Group.Advantage != beforeEps[i].Group.Advantage {
+			t.Errorf("episode %d read back after the reclaim differs from before: %s vs %s", i, e.EpisodeID, beforeEps[i].EpisodeID)
+		}
+	}
+}
