@@ -92,7 +92,39 @@ type RolloutResult struct {
 	RSSBefore     int64   `json:"rss_before_bytes"`
 	RSSAtEnd      int64   `json:"rss_at_end_bytes"`
 	RSSSettled    int64   `json:"rss_settled_bytes"`
+	// What the resident memory was made of before the rollout and after
+	// Settle.
+	MemBefore  MemoryParts `json:"memory_before"`
+	MemSettled MemoryParts `json:"memory_settled"`
 	SettledAfterS float64 `json:"settled_after_s"`
+}
+
+// MemoryParts is what the service's resident memory is made of: anonymous
+// memory (its own: the Go heap, stacks, the runtime's metadata) and
+// file-backed pages (the executable's and the index's mapped pages, page
+// cache the kernel takes back at need), as /proc/PID/status says; and the
+// Go heap's live bytes and the bytes of its spans in use (live objects and
+// the free room in spans that hold any), from the service's /metrics.
+type MemoryParts struct {
+	Anon      int64 `json:"rss_anon_bytes"`
+	File      int64 `json:"rss_file_bytes"`
+	HeapLive  int64 `json:"heap_live_bytes"`
+	HeapInuse int64 `json:"heap_inuse_bytes"`
+}
+
+func memoryParts(base string, svc *Service) MemoryParts {
+	var m MemoryParts
+	if svc != nil {
+		pid := strconv.Itoa(svc.cmd.Process.Pid)
+		m.Anon, m.File = proc.StatusBytes(pid, "RssAnon:"), proc.StatusBytes(pid, "RssFile:")
+	}
+	m.HeapLive, m.HeapInuse = scrapeMetric(base, "go_memstats_heap_alloc_bytes"), scrapeMetric(base, "go_memstats_heap_inuse_bytes")
+	return m
+}
+
+func (m MemoryParts) String() string {
+	mib := func(n int64) float64 { return float64(n) / (1 << 20) }
+	return fmt.Sprintf("anonymous %.1f + file %.1f MiB; Go heap live %.1f, spans in use %.1f MiB", mib(m.Anon), mib(m.File), mib(m.HeapLive), mib(m.HeapInuse))
 }
 
 // SlowProbe is one slow /healthz probe: sent AtS seconds after the
@@ -173,7 +205,7 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 		}
 		return scrapeMetric(base, "process_resident_memory_bytes")
 	}
-	rssBefore := rss()
+	rssBefore, memBefore := rss(), memoryParts(base, c.Service)
 	start := time.Now()
 	resp, err := http.Post(base+"/v1/rollouts", "application/json", bytes.NewReader(body))
 	if err != nil {
@@ -311,7 +343,7 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 		return nil, fmt.Errorf("reading the stream: %w", err)
 	}
 	res.WallS = time.Since(start).Seconds()
-	res.RSSBefore, res.RSSAtEnd, res.Schedule = rssBefore, rss(), c.Schedule
+	res.RSSBefore, res.RSSAtEnd, res.Schedule, res.MemBefore = rssBefore, rss(), c.Schedule, memBefore
 	stopWatch()
 	var all, atPeak, port, portAtPeak []float64
 	got := <-probes
@@ -353,6 +385,7 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 			res.SettledAfterS = time.Since(t0).Seconds()
 		}
 		if time.Since(t0) >= c.Settle {
+			res.MemSettled = memoryParts(base, c.Service)
 			break
 		}
 	}
@@ -415,6 +448,8 @@ func (res *RolloutResult) Report(w io.Writer) {
 		} else {
 			fmt.Fprintf(w, " (never within 20%% of before)")
 		}
+		fmt.Fprintf(w, "\n    before            %s", res.MemBefore)
+		fmt.Fprintf(w, "\n    after settling    %s", res.MemSettled)
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "  bench               %.1f s CPU, peak RSS %.1f MiB (fake policy + client, same machine)\n", res.BenchCPUS, float64(res.BenchPeakRSS)/(1<<20))

@@ -18,6 +18,10 @@ func PeakRSS(pid string) int64 { return statusBytes(pid, "VmHWM:") }
 // bytes; 0 when it cannot.
 func RSS(pid string) int64 { return statusBytes(pid, "VmRSS:") }
 
+// StatusBytes is a "KEY: N kB" line of /proc/PID/status in bytes (key with
+// its colon, "RssAnon:"); 0 when it cannot be read.
+func StatusBytes(pid, key string) int64 { return statusBytes(pid, key) }
+
 func statusBytes(pid, key string) int64 {
 	f, err := os.Open("/proc/" + pid + "/status")
 	if err != nil {
