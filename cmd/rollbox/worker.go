@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"os"
@@ -75,18 +77,19 @@ lines on stderr. See docs/scale-out.md.`,
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}
-		// Like serve, the worker's containers carry an owner label of its
-		// own (its data directory's): a restart removes what it left.
+		// The worker's containers carry an owner label of its own, the same
+		// across restarts (its --id, else its host's name): at start it
+		// removes what a killed predecessor left (its dead leases).
+		host, _ := os.Hostname()
 		cfg := env.cfg
 		if cfg.owner == "" {
-			cfg.owner = serviceOwner(dir)
+			cfg.owner = workerOwner(*id, host)
 		}
 		if *backendName != sandbox.BackendWASM {
 			gcOwner(ctx, log, cfg)
 		}
 		backends := newBackendSet(logLines{log}, cfg)
 		defer backends.Close()
-		host, _ := os.Hostname()
 		abs, _ := filepath.Abs(dir)
 		log.Info(fmt.Sprintf("worker on %s", *url), "data", abs, "owner", cfg.owner)
 		return runtime.RunWorker(ctx, runtime.WorkerOptions{URL: *url, ID: *id, Host: host, Backend: *backendName, Slots: *slots,
@@ -94,4 +97,15 @@ lines on stderr. See docs/scale-out.md.`,
 			Backends: runtime.BackendFunc(backends.get)})
 	}
 	return cmd
+}
+
+// workerOwner is the owner label of a worker's sandboxes: its id, else its
+// host's name, so that a restarted worker finds its predecessor's.
+func workerOwner(id, host string) string {
+	name := id
+	if name == "" {
+		name = host
+	}
+	sum := sha256.Sum256([]byte(name))
+	return "rollbox-worker-" + hex.EncodeToString(sum[:6])
 }
