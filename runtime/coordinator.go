@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -704,7 +705,11 @@ func (c *coordinator) reapWorkers(ctx context.Context) {
 			lastDown = now
 			continue
 		}
-		var gone []string
+		// Suspects: workers unheard for their window, and workers holding
+		// a claim older than the window that were never heard (since a
+		// restart). Each is pinged before it is taken for lost: a worker
+		// whose heartbeats are only late (a loaded host) answers.
+		suspects := map[string]bool{}
 		c.mu.Lock()
 		for id, w := range c.workers {
 			iv := w.hb.Interval
@@ -712,26 +717,75 @@ func (c *coordinator) reapWorkers(ctx context.Context) {
 				iv = c.heartbeat
 			}
 			if now.Sub(later(w.lastSeen, lastDown)) > time.Duration(cluster.MissedHeartbeats)*iv {
-				gone = append(gone, id)
-				delete(c.workers, id)
+				suspects[id] = true
 			}
 		}
-		var lostEps []*dispatched
 		for _, d := range c.eps {
-			if d.claim.Worker != "" && c.workers[d.claim.Worker] == nil && now.Sub(later(d.claimedAt, lastDown)) > grace && !d.ended && !d.deciding {
+			if w := d.claim.Worker; w != "" && c.workers[w] == nil && now.Sub(later(d.claimedAt, lastDown)) > grace && !d.ended && !d.deciding {
+				suspects[w] = true
+			}
+		}
+		c.mu.Unlock()
+		if len(suspects) == 0 {
+			continue
+		}
+		gone := c.unanswered(ctx, suspects)
+		if len(gone) == 0 {
+			continue
+		}
+		var lostEps []*dispatched
+		c.mu.Lock()
+		for _, id := range gone {
+			delete(c.workers, id)
+		}
+		for _, d := range c.eps {
+			if slices.Contains(gone, d.claim.Worker) && !d.ended && !d.deciding {
 				d.deciding = true
 				lostEps = append(lostEps, d)
 			}
 		}
 		c.mu.Unlock()
-		if len(gone) > 0 {
-			c.s.log.Warn("cluster: workers lost (no heartbeat)", "workers", gone)
-			c.resize()
-		}
+		c.s.log.Warn("cluster: workers lost (no heartbeat, no answer)", "workers", gone, "attempts", len(lostEps))
+		c.resize()
 		for _, d := range lostEps {
-			go c.lost(d, "its heartbeat stopped", true)
+			go c.lost(d, "its heartbeat stopped and it did not answer", true)
 		}
 	}
+}
+
+// unanswered pings the suspect workers at once and returns those that do
+// not answer within a heartbeat interval (at least a second); those that
+// do are heard from now.
+func (c *coordinator) unanswered(ctx context.Context, suspects map[string]bool) []string {
+	timeout := max(c.heartbeat, time.Second)
+	var mu sync.Mutex
+	var gone []string
+	var wg sync.WaitGroup
+	for id := range suspects {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			_, err := c.nc.RequestWithContext(pctx, cluster.PingSubject(id), nil)
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil {
+				c.mu.Lock()
+				if w := c.workers[id]; w != nil {
+					w.lastSeen = time.Now()
+				}
+				c.mu.Unlock()
+				return
+			}
+			if ctx.Err() == nil && c.nc.IsConnected() {
+				gone = append(gone, id)
+			}
+		}()
+	}
+	wg.Wait()
+	sort.Strings(gone)
+	return gone
 }
 
 func later(a, b time.Time) time.Time {

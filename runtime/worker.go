@@ -161,6 +161,11 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 		return err
 	}
 	defer csub.Unsubscribe()
+	psub, err := nc.Subscribe(cluster.PingSubject(o.ID), func(m *nats.Msg) { m.Respond(nil) })
+	if err != nil {
+		return err
+	}
+	defer psub.Unsubscribe()
 	w.beat(false)
 	go w.heartbeats(life)
 	o.Logger.Info("worker started", "worker", o.ID, "backend", o.Backend, "slots", o.Slots, "cluster", o.URL)

@@ -42,8 +42,9 @@
 //  5. Heartbeats. Every worker publishes a Heartbeat on
 //     HeartbeatSubject(worker) every interval (core NATS), listing what it
 //     runs with each item's ack subject. A worker unheard for
-//     MissedHeartbeats intervals is lost: the coordinator naks its items for
-//     an immediate redelivery (or ends them interrupted, see 2). The
+//     MissedHeartbeats intervals, and that does not answer a ping on
+//     PingSubject(worker), is lost: the coordinator naks its items for an
+//     immediate redelivery (or ends them interrupted, see 2). The
 //     coordinator lists the live workers at GET /v1/workers.
 //  6. Cancel. DELETE /v1/rollouts/{id} publishes a Cancel on CancelSubject;
 //     workers stop that rollout's episodes, which end cancelled and are
@@ -88,6 +89,10 @@ const (
 	StoredSubjectPrefix = "rollbox.stored."
 	// CancelSubject: a Cancel (core), coordinator to every worker.
 	CancelSubject = "rollbox.cancel"
+	// PingSubjectPrefix + worker id: a core request (empty body) a live
+	// worker answers at once; the coordinator asks it before it takes a
+	// worker whose heartbeats stopped for lost.
+	PingSubjectPrefix = "rollbox.ping."
 )
 
 // Journal message headers (every message on JournalStream carries them).
@@ -160,6 +165,9 @@ func JournalSubject(episodeID string) string { return JournalSubjectPrefix + Tok
 
 // HeartbeatSubject is where a worker announces itself.
 func HeartbeatSubject(worker string) string { return HeartbeatSubjectPrefix + worker }
+
+// PingSubject is where a worker answers pings.
+func PingSubject(worker string) string { return PingSubjectPrefix + worker }
 
 // StoredSubject is where the coordinator tells a worker an attempt is stored.
 func StoredSubject(worker string) string { return StoredSubjectPrefix + worker }
