@@ -5,6 +5,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -872,5 +874,52 @@ func TestTheIssueRollout(t *testing.T) {
 	}
 	if backends["docker"] != total/4 || backends["wasm"] != total-total/4 {
 		t.Errorf("episodes by backend %v, want docker %d and wasm %d", backends, total/4, total-total/4)
+	}
+}
+
+// ownerContainers lists the containers (running or not) labelled owner.
+func ownerContainers(t *testing.T, owner string) []string {
+	t.Helper()
+	out, err := exec.Command("docker", "ps", "-aq", "--filter", "label=rollbox.owner="+owner).Output()
+	if err != nil {
+		t.Fatalf("docker ps: %v", err)
+	}
+	return strings.Fields(string(out))
+}
+
+// TestARestartedWorkerRemovesWhatItsKilledPredecessorLeft: a Docker worker
+// SIGKILLed mid-episode leaves its container; started again with the same
+// --id, it removes it (its lease is dead) before it takes work.
+func TestARestartedWorkerRemovesWhatItsKilledPredecessorLeft(t *testing.T) {
+	needDocker(t)
+	sum := sha256.Sum256([]byte("dgc"))
+	owner := "rollbox-worker-" + hex.EncodeToString(sum[:6])
+	pol, blocked, release := gatePolicy()
+	defer pol.Close()
+	defer release()
+	ns := startNATS(t, "", 0)
+	coord := startService(t, "", ns.url)
+	w := startWorker(t, ns.url, "dgc", "docker", 1)
+	coord.waitWorkers(1)
+	tasks := exactTasks(1)
+	tasks[0]["sandbox"] = map[string]any{"backend": "docker", "image": "base"}
+	id := coord.submit(rolloutRequest(pol.URL(), tasks, 1, nil))
+	<-blocked
+	if n := len(ownerContainers(t, owner)); n != 1 {
+		t.Fatalf("%d containers of owner %s while the episode runs, want 1", n, owner)
+	}
+	w.kill()
+	if n := len(ownerContainers(t, owner)); n != 1 {
+		t.Fatalf("%d containers of owner %s after the SIGKILL, want the one it left", n, owner)
+	}
+	startWorker(t, ns.url, "dgc", "docker", 1)
+	coord.waitWorkers(1)
+	if left := ownerContainers(t, owner); len(left) != 0 {
+		t.Errorf("the restarted worker left its predecessor's containers %v", left)
+	}
+	release()
+	tr := one(t, coord.episodes(id, time.Minute))
+	if tr.Termination.Reason != trajectory.EndCancelled || !tr.Termination.Interrupted {
+		t.Errorf("episode %s: %+v, want cancelled and interrupted", tr.EpisodeID, tr.Termination)
 	}
 }
