@@ -386,6 +386,10 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 			case cluster.ActionRetry:
 				msg.NakWithDelay(200 * time.Millisecond)
 				os.Remove(filepath.Join(w.o.DataDir, item.EpisodeID+".json"))
+			case cluster.ActionDrop:
+				// The coordinator decided the episode without this attempt
+				// (taken for lost): the item is no longer this worker's.
+				os.Remove(filepath.Join(w.o.DataDir, item.EpisodeID+".json"))
 			}
 			return
 		case <-time.After(5 * time.Second):
