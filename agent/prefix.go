@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rollbox/rollbox/agent/trajectory"
@@ -130,62 +131,103 @@ func (t *Task) prefixTurns() ([]Turn, error) {
 
 // PrefixGroup runs a task's prefix once for the episodes of one group
 // and gives each of them a fork of it: the first episode to open makes the
-// prefix's own episode (named Name+".prefix", its record in Dir), steps
-// its turns, forks its sandbox Size ways (sandbox.Forker), ends it, and
-// each episode then opens in one of the forks with a record that starts
-// with the prefix's steps, marked forked_from {the prefix episode, step}.
-// An episode that opens again (a retry) or beyond Size runs the prefix
-// anew and forks once. Set it as Config.Prefix of every episode of the
-// group; Close it when the group is over (it closes forks nobody took).
+// prefix's own episode (named Name+".prefix", its record in Dir) and steps
+// its turns; each episode then opens in a fork of the prefix's sandbox
+// (sandbox.Forker) with a record that starts with the prefix's steps,
+// marked forked_from {the prefix episode, step}.
+//
+// Forks are made as episodes open, never ahead of them: the episodes
+// opening at the same moment (a group started together) share one Fork
+// call, and an episode the scheduler starts later forks then. So a group
+// holds no idle sandbox but its prefix's, kept while some of its Size
+// episodes are still to open and closed (its record ended "prefix done")
+// once they all have or at Close. An episode that opens again (a retry)
+// takes another fork while the prefix's sandbox is kept, else runs the
+// prefix anew; so does one beyond Size. Set it as Config.Prefix of every
+// episode of the group; Close it when the group is over.
 type PrefixGroup struct {
 	Name string
 	Size int
 	Dir  string
 
+	// opening counts the episodes in branch that have no fork yet: the
+	// next Fork makes one for each of them.
+	opening atomic.Int64
+
 	mu sync.Mutex
-	// base is the ended prefix episode the forks are of; its record is
-	// what each fork starts with; left is how long the prefix took of the
-	// episode time.
+	// base is the prefix episode, not ended while its sandbox is kept; its
+	// record so far (parent) is what each fork starts with; left is how
+	// long the prefix took of the episode time.
 	base   *Session
 	parent *trajectory.Trajectory
 	left   time.Duration
-	forks  []sandbox.Sandbox // not yet taken
+	forks  []sandbox.Sandbox // made for an episode in branch, not yet taken
+	opened map[string]bool   // the episodes that took a fork of base
 	runs   int
 	closed bool
 }
 
 // branch opens episode cfg in a fork of the group's prefix.
 func (g *PrefixGroup) branch(ctx context.Context, cfg Config) (*Session, error) {
+	g.opening.Add(1)
+	defer g.opening.Add(-1)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
 		return nil, fmt.Errorf("prefix of group %s: the group is over: %w", g.Name, sandbox.ErrClosed)
 	}
 	if len(g.forks) == 0 {
-		n := max(1, g.Size)
-		if g.base != nil {
-			n = 1 // a retry or one more than Size
+		if g.base == nil {
+			if err := g.runPrefix(ctx, cfg); err != nil {
+				return nil, err
+			}
 		}
-		if err := g.runPrefix(ctx, cfg, n); err != nil {
+		if err := g.fork(ctx, int(g.opening.Load())); err != nil {
 			return nil, err
 		}
 	}
 	sb := g.forks[0]
 	g.forks = g.forks[1:]
+	base := g.base
 	start := time.Now()
-	g.base.mu.Lock()
-	defer g.base.mu.Unlock()
-	s, err := g.base.forkOne(g.parent, cfg, sb, start, start.Add(g.left))
+	base.mu.Lock()
+	s, err := base.forkOne(g.parent, cfg, sb, start, start.Add(g.left))
+	base.mu.Unlock()
 	if err != nil {
 		sb.Close()
 		return nil, &RecordError{EpisodeID: cfg.EpisodeID, Err: err}
 	}
+	g.opened[cfg.EpisodeID] = true
+	if len(g.opened) >= max(1, g.Size) && len(g.forks) == 0 {
+		g.endBase(ctx)
+	}
 	return s, nil
 }
 
-// runPrefix makes the prefix episode, steps its turns and forks it n
-// ways, under g.mu.
-func (g *PrefixGroup) runPrefix(ctx context.Context, cfg Config, n int) error {
+// fork makes n forks of the prefix's sandbox (at least 1, at most what the
+// group may still need), under g.mu. A fork that fails ends the prefix:
+// the episode's next attempt runs it anew.
+func (g *PrefixGroup) fork(ctx context.Context, n int) error {
+	n = max(1, min(n, max(1, g.Size)-len(g.opened)))
+	s := g.base
+	s.mu.Lock()
+	f, ok := sandbox.Find[sandbox.Forker](s.sb)
+	s.mu.Unlock()
+	if !ok {
+		g.endBaseAs(ctx, "the prefix cannot be forked")
+		return fmt.Errorf("prefix %s: the %s backend's sandboxes cannot be forked: %w", s.cfg.EpisodeID, s.backend, ErrForkUnsupported)
+	}
+	forks, err := f.Fork(ctx, n)
+	if err != nil {
+		g.endBaseAs(ctx, "its sandbox could not be forked")
+		return fmt.Errorf("prefix %s: fork %d: %w", s.cfg.EpisodeID, n, err)
+	}
+	g.forks = forks
+	return nil
+}
+
+// runPrefix makes the prefix episode and steps its turns, under g.mu.
+func (g *PrefixGroup) runPrefix(ctx context.Context, cfg Config) error {
 	turns, err := cfg.Task.prefixTurns()
 	if err != nil {
 		return err
@@ -202,36 +244,30 @@ func (g *PrefixGroup) runPrefix(ctx context.Context, cfg Config, n int) error {
 	if err != nil {
 		return fmt.Errorf("prefix %s: %w", pcfg.EpisodeID, err)
 	}
-	end := func(reason, msg string) {
-		s.Cancel(context.WithoutCancel(ctx), reason, msg)
-	}
 	for i, turn := range turns {
 		if _, ended, err := s.Step(ctx, turn); err != nil || ended {
-			end(trajectory.EndCancelled, "the prefix failed")
+			s.Cancel(context.WithoutCancel(ctx), trajectory.EndCancelled, "the prefix failed")
 			return prefixFailed(pcfg.EpisodeID, i, err, s.Trajectory())
 		}
 	}
 	s.mu.Lock()
-	parent := s.w.Trajectory()
-	left := time.Until(s.deadline)
-	f, ok := sandbox.Find[sandbox.Forker](s.sb)
+	g.base, g.parent, g.left, g.opened = s, s.w.Trajectory(), time.Until(s.deadline), map[string]bool{}
 	s.mu.Unlock()
-	if !ok {
-		end(trajectory.EndCancelled, "the prefix cannot be forked")
-		return fmt.Errorf("prefix %s: the %s backend's sandboxes cannot be forked: %w", pcfg.EpisodeID, s.backend, ErrForkUnsupported)
-	}
-	fctx, cancel := context.WithDeadline(ctx, s.deadline)
-	forks, err := f.Fork(fctx, n)
-	cancel()
-	if err != nil {
-		end(trajectory.EndCancelled, "its sandbox could not be forked")
-		return fmt.Errorf("prefix %s: fork %d: %w", pcfg.EpisodeID, n, err)
-	}
-	// The prefix's episode has done its part: its sandbox goes now, its
-	// record stays (the forks' forked_from names it).
-	end(trajectory.EndCancelled, fmt.Sprintf("prefix done: %d episodes of group %s go on from its %d steps", n, g.Name, len(parent.Steps)))
-	g.base, g.parent, g.left, g.forks = s, parent, left, forks
 	return nil
+}
+
+// endBase ends the prefix's episode, its part done: its sandbox goes, its
+// record stays (the forks' forked_from names it). Under g.mu.
+func (g *PrefixGroup) endBase(ctx context.Context) {
+	if g.base == nil {
+		return
+	}
+	g.endBaseAs(ctx, fmt.Sprintf("prefix done: %d episodes of group %s go on from its %d steps", len(g.opened), g.Name, len(g.parent.Steps)))
+}
+
+func (g *PrefixGroup) endBaseAs(ctx context.Context, msg string) {
+	g.base.Cancel(context.WithoutCancel(ctx), trajectory.EndCancelled, msg)
+	g.base, g.parent, g.opened = nil, nil, nil
 }
 
 // prefixFailed says why turn i of a prefix failed: an infrastructure
@@ -252,12 +288,14 @@ func prefixFailed(id string, i int, err error, tr *trajectory.Trajectory) error 
 	return err
 }
 
-// Close closes the forks no episode took. Safe to call twice.
+// Close ends the group: the prefix's sandbox, if still kept, and any fork
+// no episode took are closed. Safe to call twice.
 func (g *PrefixGroup) Close() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.closed = true
 	err := sandbox.CloseAll(g.forks)
 	g.forks = nil
+	g.endBase(context.Background())
 	return err
 }

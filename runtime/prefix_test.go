@@ -188,3 +188,44 @@ func TestTheServiceRunsATasksPrefixOncePerGroup(t *testing.T) {
 		t.Errorf("an env episode of a prefixed task: %d %+v", code, e)
 	}
 }
+
+// A group's forks are made as its episodes open, not all at once when the
+// first one does: with one episode in flight, a group of 6 never holds
+// more live sandboxes than that episode's and its prefix's (kept while the
+// group's episodes are still to open), where forking the whole group up
+// front held 6 idle ones beside it. The prefix still runs once.
+func TestAGroupsForksAreMadeAsItsEpisodesOpenSoTheyHoldNoIdleSandboxes(t *testing.T) {
+	be := wasmtest.Backend(t)
+	scripted := `{"turns": [{"content": "setting up", "tool_calls": [{"name": "bash", "arguments": {"command": "echo once >> /work/log.txt"}}]}]}`
+	dir := t.TempDir()
+	tasks, err := agent.ReadTasks(strings.NewReader(strings.Join(strings.Fields(fmt.Sprintf(prefixTask, scripted)), " ")), filepath.Join(dir, "tasks.jsonl"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var peak atomic.Int64
+	watch := policyFunc(func(ctx context.Context, req agent.Request) (agent.Turn, error) {
+		if n := int64(len(be.Live())); n > peak.Load() {
+			peak.Store(n)
+		}
+		return countLines.Next(ctx, req)
+	})
+	var made atomic.Int64
+	sum, err := runtime.RunBatch(context.Background(), runtime.BatchConfig{Tasks: tasks, OutDir: t.TempDir(), Backend: "wasm", Group: 6, Concurrency: 1,
+		NewSandbox: func(ctx context.Context, _ string, spec sandbox.Spec) (sandbox.Sandbox, error) {
+			made.Add(1)
+			return be.Create(ctx, spec)
+		},
+		Policy: watch, PolicyInfo: trajectory.Policy{Kind: "test"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Scored != 6 || sum.RewardMean == nil || *sum.RewardMean != 1 || made.Load() != 1 {
+		t.Fatalf("%d scored, mean %v, %d sandboxes made; want 6 episodes that each saw the prefix's one line, from 1 prefix sandbox", sum.Scored, sum.RewardMean, made.Load())
+	}
+	if p := peak.Load(); p > 2 {
+		t.Errorf("%d sandboxes were live at once with one episode in flight; want at most 2 (the episode's and the prefix's)", p)
+	}
+	if live := be.Live(); len(live) != 0 {
+		t.Errorf("left open after the batch: %v", live)
+	}
+}
