@@ -51,6 +51,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/v1/imports"): "import_episodes",
     ("GET", "/v1/export"): "export_episodes",
     ("GET", "/metrics"): "metrics",
+    ("GET", "/v1/workers"): "workers",
     ("GET", "/healthz"): "health",
     ("GET", "/openapi.json"): "openapi",
 }
@@ -264,6 +265,10 @@ class Client:
     def openapi(self) -> dict[str, Any]:
         """The service's OpenAPI document."""
         return self._t.json("GET", "/openapi.json")
+
+    def workers(self) -> Any:
+        """``GET /v1/workers``: a cluster coordinator's rollout workers (docs/scale-out.md)."""
+        return self._t.json("GET", "/v1/workers")
 
     def metrics(self) -> str:
         """``GET /metrics``: the Prometheus text exposition."""
@@ -521,6 +526,9 @@ class AsyncClient:
 
     async def metrics(self) -> str:
         return await self._call(self.sync.metrics)
+
+    async def workers(self) -> Any:
+        return await self._call(self.sync.workers)
 
     def rollout(self, rollout_id: str) -> Rollout:
         """A handle on an existing rollout (nothing is asked of the service; its methods block, as :meth:`submit`'s do)."""
