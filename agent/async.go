@@ -401,20 +401,11 @@ func (s *Session) consume(step int, ready []*asyncSub) ([]spawnResult, error) {
 		subs[i] = sub.sa
 	}
 	as.mu.Unlock()
-	most := 0
 	for i := range subs {
 		at := step
 		subs[i].Stage, subs[i].CollectedStep = stage, &at
-		most = max(most, subs[i].Steps)
-		orch.subSteps += subs[i].Steps
 	}
-	for i := range subs {
-		if subs[i].Steps == most {
-			subs[i].Critical = true
-			break
-		}
-	}
-	orch.stageSteps = append(orch.stageSteps, most)
+	orch.endStage(subs)
 	out := make([]spawnResult, len(subs))
 	for i, sa := range subs {
 		out[i] = spawnResult{Handle: sa.Handle, Index: sa.Index, End: sa.End, Message: sa.Message, Answer: sa.Answer, Truncated: sa.Truncated, Steps: sa.Steps}

@@ -292,18 +292,7 @@ func (t spawnTool) Run(ctx context.Context, env *tools.Env, args map[string]any)
 	} else {
 		subs = s.runSubagents(ctx, stage, step, a.Tasks, allowed)
 	}
-	most := 0
-	for i := range subs {
-		most = max(most, subs[i].Steps)
-		orch.subSteps += subs[i].Steps
-	}
-	for i := range subs {
-		if subs[i].Steps == most {
-			subs[i].Critical = true
-			break
-		}
-	}
-	orch.stageSteps = append(orch.stageSteps, most)
+	orch.endStage(subs)
 	out := make([]spawnResult, len(subs))
 	for i, sa := range subs {
 		out[i] = spawnResult{Index: i, End: sa.End, Message: sa.Message, Answer: sa.Answer, Truncated: sa.Truncated, Steps: sa.Steps}
@@ -546,4 +535,22 @@ func spawnOutput(rs []spawnResult) string {
 	}
 	b.WriteString("]}\n")
 	return b.String()
+}
+
+// endStage accounts a stage's sub-agents: their steps in the total, the
+// longest one's in the stage's critical steps, and that one marked
+// Critical (the first of equals).
+func (o *orchestration) endStage(subs []trajectory.Subagent) {
+	most := 0
+	for i := range subs {
+		most = max(most, subs[i].Steps)
+		o.subSteps += subs[i].Steps
+	}
+	for i := range subs {
+		if subs[i].Steps == most {
+			subs[i].Critical = true
+			break
+		}
+	}
+	o.stageSteps = append(o.stageSteps, most)
 }

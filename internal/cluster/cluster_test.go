@@ -10,16 +10,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -309,17 +309,7 @@ func startWorker(t testing.TB, natsURL, id, backend string, slots int, args ...s
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Signal(syscall.SIGTERM)
-			done := make(chan struct{})
-			go func() { cmd.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(20 * time.Second):
-				cmd.Process.Kill()
-				<-done
-			}
-		}
+		stopProcess(cmd, 20*time.Second)
 		if t.Failed() || testing.Verbose() {
 			t.Logf("worker %s log:\n%s", id, w.logText())
 		}
@@ -684,17 +674,7 @@ func startServe(t testing.TB, natsURL, data string, port int) *serveProcess {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Signal(syscall.SIGTERM)
-			done := make(chan struct{})
-			go func() { cmd.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(30 * time.Second):
-				cmd.Process.Kill()
-				<-done
-			}
-		}
+		stopProcess(cmd, 30*time.Second)
 		if t.Failed() || testing.Verbose() {
 			p.log.mu.Lock()
 			t.Logf("rollbox %s log:\n%s", strings.Join(args, " "), p.log.b.String())
@@ -921,5 +901,21 @@ func TestARestartedWorkerRemovesWhatItsKilledPredecessorLeft(t *testing.T) {
 	tr := one(t, coord.episodes(id, time.Minute))
 	if tr.Termination.Reason != trajectory.EndCancelled || !tr.Termination.Interrupted {
 		t.Errorf("episode %s: %+v, want cancelled and interrupted", tr.EpisodeID, tr.Termination)
+	}
+}
+
+// stopProcess ends a child still running: SIGTERM, then SIGKILL after grace.
+func stopProcess(cmd *exec.Cmd, grace time.Duration) {
+	if cmd.ProcessState != nil {
+		return
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(grace):
+		cmd.Process.Kill()
+		<-done
 	}
 }

@@ -89,14 +89,14 @@ type RolloutResult struct {
 	// The service's resident memory before the rollout, when it ended, and
 	// after Settle; SettledAfterS is when it first came within 20% of the
 	// value before (-1: never within Settle).
-	RSSBefore     int64   `json:"rss_before_bytes"`
-	RSSAtEnd      int64   `json:"rss_at_end_bytes"`
-	RSSSettled    int64   `json:"rss_settled_bytes"`
+	RSSBefore  int64 `json:"rss_before_bytes"`
+	RSSAtEnd   int64 `json:"rss_at_end_bytes"`
+	RSSSettled int64 `json:"rss_settled_bytes"`
 	// What the resident memory was made of before the rollout and after
 	// Settle.
-	MemBefore  MemoryParts `json:"memory_before"`
-	MemSettled MemoryParts `json:"memory_settled"`
-	SettledAfterS float64 `json:"settled_after_s"`
+	MemBefore     MemoryParts `json:"memory_before"`
+	MemSettled    MemoryParts `json:"memory_settled"`
+	SettledAfterS float64     `json:"settled_after_s"`
 }
 
 // MemoryParts is what the service's resident memory is made of: anonymous
