@@ -323,6 +323,21 @@ func (w *worker) logText() string {
 	return w.log.String()
 }
 
+// waitStarted waits for the worker's "worker started" line, which it logs
+// once it has removed what a predecessor left and joined the cluster. The
+// coordinator's worker list is no sign of it: a killed worker of the same
+// id stays listed until its heartbeats are missed.
+func (w *worker) waitStarted(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(w.logText(), `"msg":"worker started"`) {
+		if time.Now().After(deadline) || w.cmd.ProcessState != nil {
+			t.Fatalf("worker %s did not start:\n%s", w.id, w.logText())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // kill SIGKILLs the worker and reaps it.
 func (w *worker) kill() {
 	w.cmd.Process.Kill()
@@ -892,8 +907,7 @@ func TestARestartedWorkerRemovesWhatItsKilledPredecessorLeft(t *testing.T) {
 	if n := len(ownerContainers(t, owner)); n != 1 {
 		t.Fatalf("%d containers of owner %s after the SIGKILL, want the one it left", n, owner)
 	}
-	startWorker(t, ns.url, "dgc", "docker", 1)
-	coord.waitWorkers(1)
+	startWorker(t, ns.url, "dgc", "docker", 1).waitStarted(t)
 	if left := ownerContainers(t, owner); len(left) != 0 {
 		t.Errorf("the restarted worker left its predecessor's containers %v", left)
 	}
