@@ -265,6 +265,10 @@ type EpisodeRequest struct {
 	Task    json.RawMessage `json:"task"`
 	Backend string          `json:"backend,omitempty"`
 	Seed    int64           `json:"seed,omitempty"`
+	// TrainStep is the trainer's step the episode is for, as a rollout's
+	// train_step: a parl reward anneals its λ to their value at it. Forks
+	// of the episode keep it.
+	TrainStep *int64 `json:"train_step,omitempty"`
 }
 
 // StepCall is one tool call of a step request. Arguments may be the raw

@@ -94,6 +94,9 @@ func (s *Server) postEpisode(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if req.TrainStep != nil && *req.TrainStep < 0 {
+		return badField("train_step", "%d is negative", *req.TrainStep)
+	}
 	if task.Prefix != nil {
 		return badField("task.prefix", "a prefix runs once per group in rollouts; in environment mode step it and fork the episode (POST /v1/episodes/{id}/fork)")
 	}
@@ -145,6 +148,9 @@ func (s *Server) postEpisode(w http.ResponseWriter, r *http.Request) error {
 		NewSandbox: s.sandboxes.create, PolicyInfo: trajectory.Policy{Kind: "env"},
 		Observe: s.metrics.observer(backend), Retry: s.openRetry(id, backend, nil), Judges: s.judges,
 		Subagents: s.subagents(task, subagents)}
+	if req.TrainStep != nil {
+		cfg.TrainStep = *req.TrainStep
+	}
 	if cfg.Subagents != nil {
 		// An environment episode holds no scheduler slot (its trainer
 		// drives it), so it has none to give its sub-agents: each takes a

@@ -403,3 +403,67 @@ func TestRescoringParlEpisodesAnnealsAtTheirRecordedTrainStep(t *testing.T) {
 		}
 	}
 }
+
+// An environment-mode episode anneals its parl reward at the train_step
+// its reset was given (and its forks at the same), and at 0 without one; a
+// negative train_step is refused naming the field.
+func TestEnvironmentModeParlRewardsAnnealAtTheResetsTrainStep(t *testing.T) {
+	sub := startPolicy(t, fakepolicy.Config{Responder: fakepolicy.BashThenFinish(1)})
+	s := startService(t, "")
+	var e apiErr
+	if code, _ := s.do("POST", "/v1/episodes", map[string]any{"task": orchestratorTask("o", sub), "train_step": -1}, &e); code != http.StatusBadRequest || e.Error.Field != "train_step" {
+		t.Fatalf("train_step -1: %d %+v", code, e)
+	}
+	spawn := map[string]any{"tool_calls": []any{map[string]any{"id": "c1", "name": "spawn_subagents", "arguments": map[string]any{"tasks": []any{
+		map[string]any{"prompt": "look at a"}, map[string]any{"prompt": "look at b"}, map[string]any{"prompt": "look at c"}}}}}}
+	open := func(body map[string]any) string {
+		t.Helper()
+		var opened struct{ ID string }
+		if code, _ := s.do("POST", "/v1/episodes", body, &opened); code != http.StatusCreated {
+			t.Fatalf("open %v: %d", body["train_step"], code)
+		}
+		if code, _ := s.do("POST", "/v1/episodes/"+opened.ID+"/step", spawn, nil); code != 200 {
+			t.Fatalf("spawn: %d", code)
+		}
+		return opened.ID
+	}
+	finish := func(id string) *trajectory.Trajectory {
+		t.Helper()
+		if code, _ := s.do("POST", "/v1/episodes/"+id+"/finish", map[string]any{"answer": "done"}, nil); code != 200 {
+			t.Fatalf("finish %s: %d", id, code)
+		}
+		var tr trajectory.Trajectory
+		if code, _ := s.do("GET", "/v1/episodes/"+id, nil, &tr); code != 200 {
+			t.Fatalf("GET %s: %d", id, code)
+		}
+		return &tr
+	}
+	at50 := open(map[string]any{"task": orchestratorTask("o", sub), "train_step": 50})
+	at0 := open(map[string]any{"task": orchestratorTask("o", sub)})
+	// An orchestrator cannot be forked (its sub-agents' state is outside
+	// the sandbox): a plain episode's forks keep its train_step.
+	var plain struct{ ID string }
+	if code, _ := s.do("POST", "/v1/episodes", map[string]any{"task": task("a"), "train_step": 7}, &plain); code != http.StatusCreated {
+		t.Fatalf("open plain: %d", code)
+	}
+	var forked runtime.ForkResult
+	if code, _ := s.do("POST", "/v1/episodes/"+plain.ID+"/fork", map[string]any{"n": 1}, &forked); code != http.StatusCreated || len(forked.IDs) != 1 {
+		t.Fatalf("fork: %d %+v", code, forked)
+	}
+	if tr := finish(forked.IDs[0]); tr.TrainStep != 7 {
+		t.Errorf("the fork of an episode at train_step 7 recorded %d", tr.TrainStep)
+	}
+	// cosine over 100 steps from λ0 = 0.5: 0.25 at step 50, 0.5 at 0;
+	// three useful sub-agents of a cap of 3: r_parallel = r_finish = 1.
+	for _, c := range []struct {
+		id    string
+		step  int64
+		total float64
+	}{{at50, 50, 1.5}, {at0, 0, 2}} {
+		tr := finish(c.id)
+		if tr.TrainStep != c.step || tr.Reward == nil || tr.Reward.Total == nil || *tr.Reward.Total != c.total ||
+			tr.Reward.Components["train_step"] != float64(c.step) {
+			t.Errorf("%s: train_step %d reward %+v, want step %d total %v", c.id, tr.TrainStep, tr.Reward, c.step, c.total)
+		}
+	}
+}

@@ -111,3 +111,15 @@ def test_fork_branches_an_open_episode(client: Client) -> None:
     assert t["forked_from"]["episode_id"] == env.id
     with pytest.raises(RuntimeError, match="open episode"):
         env.fork(1)
+
+
+def test_reset_takes_the_trainers_step(client: Client) -> None:
+    env = client.env("add")
+    env.reset(train_step=12)
+    assert env.finish(answer="4") == 1.0
+    assert client.episode(env.id)["train_step"] == 12
+    env.reset()
+    env.finish(answer="4")
+    assert "train_step" not in client.episode(env.id)  # 0: absent
+    with pytest.raises(ValueError, match="train_step"):
+        env.reset(train_step=-1)

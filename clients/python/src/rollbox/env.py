@@ -92,12 +92,16 @@ class _EnvState:
         self.termination: dict[str, Any] | None = None
         self._pending: dict[str, Any] = {}
 
-    def open_body(self) -> dict[str, Any]:
+    def open_body(self, train_step: int | None) -> dict[str, Any]:
         body: dict[str, Any] = {"task": self.task}
         if self.backend:
             body["backend"] = self.backend
         if self.seed is not None:
             body["seed"] = self.seed
+        if train_step is not None:
+            if isinstance(train_step, bool) or not isinstance(train_step, int) or train_step < 0:
+                raise ValueError(f"train_step: want a non-negative int, got {train_step!r}")
+            body["train_step"] = train_step
         return body
 
     def opened(self, ans: Mapping[str, Any]) -> dict[str, Any]:
@@ -202,13 +206,17 @@ class Env:
     done = property(lambda self: self._s.done)
     reward = property(lambda self: self._s.reward)
 
-    def reset(self) -> dict[str, Any]:
+    def reset(self, *, train_step: int | None = None) -> dict[str, Any]:
         """Opens a new episode (closing the previous one if it is still open).
+
+        ``train_step`` is the trainer's step the episode is for: a ``parl``
+        reward anneals its λ to their value at it (default 0).
 
         Returns the observation: ``{"messages": [...], "tools": [...]}``.
         """
+        body = self._s.open_body(train_step)
         self.close()
-        ans = self._client._t.json("POST", "/v1/episodes", json_body=self._s.open_body())
+        ans = self._client._t.json("POST", "/v1/episodes", json_body=body)
         return self._s.opened(ans)
 
     def step(self, tool_calls: Iterable[Any] | None, content: str | None = None, **turn: Any
@@ -310,9 +318,10 @@ class AsyncEnv:
     done = property(lambda self: self._s.done)
     reward = property(lambda self: self._s.reward)
 
-    async def reset(self) -> dict[str, Any]:
+    async def reset(self, *, train_step: int | None = None) -> dict[str, Any]:
+        body = self._s.open_body(train_step)
         await self.close()
-        ans = await self._client._call(self._client._t.json, "POST", "/v1/episodes", json_body=self._s.open_body())
+        ans = await self._client._call(self._client._t.json, "POST", "/v1/episodes", json_body=body)
         return self._s.opened(ans)
 
     async def step(self, tool_calls: Iterable[Any] | None, content: str | None = None, **turn: Any
