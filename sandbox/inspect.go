@@ -38,6 +38,11 @@ type HostState struct {
 	// says what it charged ("the container's cgroup").
 	CPU      time.Duration
 	CPUScope string
+	// CPUQuota is the CPU limit the host enforces on the sandbox, in CPUs,
+	// as the engine's configuration of it says: 0 when there is none, nil
+	// when the backend cannot tell. Unlike a measurement it does not
+	// depend on how loaded the host is.
+	CPUQuota *float64
 }
 
 // Confiner is implemented by backends that run commands in host processes

@@ -166,6 +166,7 @@ func (r *runner) cpu(ctx context.Context) Probe {
 	var before, after time.Duration
 	var hostErr error
 	what := ""
+	var quota *float64
 	measure := func() time.Duration {
 		if r.host == nil {
 			return 0
@@ -174,7 +175,7 @@ func (r *runner) cpu(ctx context.Context) Probe {
 		if err != nil {
 			hostErr = err
 		}
-		what = st.CPUScope
+		what, quota = st.CPUScope, st.CPUQuota
 		return st.CPU
 	}
 	before = measure()
@@ -202,6 +203,22 @@ func (r *runner) cpu(ctx context.Context) Probe {
 		}
 	} else if hostErr != nil {
 		ev = append(ev, "host accounting unavailable: "+hostErr.Error())
+	}
+	// What the engine was told binds whatever the load: a sandbox with no
+	// quota, or a larger one than the spec's, fails even when a loaded
+	// host kept its spinning threads under the spec's CPUs.
+	if quota != nil {
+		data["host_quota"] = *quota
+		switch {
+		case *quota == 0:
+			pass = false
+			ev = append(ev, fmt.Sprintf("host: the engine enforces no CPU quota (the spec asks %.2f CPUs)", cpus))
+		case *quota > cpus*1.001:
+			pass = false
+			ev = append(ev, fmt.Sprintf("host: the engine's CPU quota is %.2f CPUs, more than the spec's %.2f", *quota, cpus))
+		default:
+			ev = append(ev, fmt.Sprintf("host: the engine's CPU quota is %.2f CPUs", *quota))
+		}
 	}
 	if load, err := os.ReadFile("/proc/loadavg"); err == nil {
 		ev = append(ev, "host load average "+strings.Join(strings.Fields(string(load))[:3], " ")+" (a loaded host spins less, so a pass proves less)")

@@ -35,6 +35,19 @@ func (b *Backend) Inspect(ctx context.Context, id string) (sandbox.HostState, er
 			st.Runtime = sandbox.RuntimeRunc
 		}
 	}
+	if spec, err := ctr.Spec(ctx); err == nil {
+		q := 0.0
+		if l := spec.Linux; l != nil && l.Resources != nil && l.Resources.CPU != nil {
+			if c := l.Resources.CPU; c.Quota != nil && *c.Quota > 0 {
+				period := uint64(100000) // the kernel's default
+				if c.Period != nil && *c.Period > 0 {
+					period = *c.Period
+				}
+				q = float64(*c.Quota) / float64(period)
+			}
+		}
+		st.CPUQuota = &q
+	}
 	task, err := ctr.Task(ctx, nil)
 	if err != nil {
 		if isNotFound(err) {

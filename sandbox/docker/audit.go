@@ -78,8 +78,17 @@ func (b *Backend) Inspect(ctx context.Context, id string) (sandbox.HostState, er
 		return sandbox.HostState{}, translate("inspect container "+id, err)
 	}
 	st := sandbox.HostState{CPUScope: "the container's cgroup"}
-	if in.HostConfig != nil {
-		st.Runtime = in.HostConfig.Runtime
+	if hc := in.HostConfig; hc != nil {
+		st.Runtime = hc.Runtime
+		q := float64(hc.NanoCPUs) / 1e9
+		if q == 0 && hc.CPUQuota > 0 {
+			period := hc.CPUPeriod
+			if period == 0 {
+				period = 100000 // the kernel's default, as Docker's
+			}
+			q = float64(hc.CPUQuota) / float64(period)
+		}
+		st.CPUQuota = &q
 	}
 	if in.State != nil {
 		st.Running, st.OOMKilled = in.State.Running, in.State.OOMKilled
