@@ -81,14 +81,23 @@ func (r *runner) fifoThreads(ctx context.Context) Probe {
 		}
 		return set
 	}
+	// 2,000 where the substitutions run in this host's processes (the
+	// WASM backend's interpreter and helpers): a leak of one thread in 30
+	// outgrows the slack below. A container runs them in its own kernel
+	// view (or gVisor's: 2,000 took 60 s on a loaded host), where 300
+	// show that the sandbox survives them and nothing reaches this process.
+	n := 300
+	if r.wasm {
+		n = 2000
+	}
 	before, t0 := interp(), threads()
 	start := time.Now()
-	res, err := r.sb.Exec(ctx, sandbox.ExecRequest{Shell: `n=0; for i in $(seq 2000); do eval 'cat <(echo hi) >/dev/null' && n=$((n+1)); done; echo $n`, Timeout: 120 * time.Second})
+	res, err := r.sb.Exec(ctx, sandbox.ExecRequest{Shell: fmt.Sprintf(`n=0; for i in $(seq %d); do eval 'cat <(echo hi) >/dev/null' && n=$((n+1)); done; echo $n`, n), Timeout: 120 * time.Second})
 	if err != nil {
 		return Probe{Status: StatusFail, Evidence: "the sandbox broke: " + err.Error()}
 	}
 	t1 := threads()
-	ev := []string{fmt.Sprintf("2,000 process substitutions through eval: exit %d, stdout %q in %v", res.ExitCode, strings.TrimSpace(string(res.Stdout)), time.Since(start).Round(time.Millisecond))}
+	ev := []string{fmt.Sprintf("%d process substitutions through eval: exit %d, stdout %q in %v", n, res.ExitCode, strings.TrimSpace(string(res.Stdout)), time.Since(start).Round(time.Millisecond))}
 	pass := true
 	// The WASM backend keeps one thread per live helper (waiting for it):
 	// bounded by its helpers, not by what a script does.
