@@ -6,6 +6,7 @@
 //
 // A record keeps the command itself when it is small (InlineBytes) and its
 // SHA-256 otherwise; stdin and file contents are kept only as their SHA-256
-// and size. Lines are written with one write(2) under an flock, so several
-// processes may share a log; fsync policy: see Sync.
+// and size. Each line is written with one write(2) under an flock, so
+// several processes may share a log; concurrent appends are committed in
+// groups, one fsync for each group (Log.Append); fsync policy: see Sync.
 package auditlog

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -96,8 +97,12 @@ const InlineBytes = 4 << 10
 type Sync int
 
 const (
-	// SyncEvery fsyncs after every line (the default, ~0.1-0.2 ms a line
-	// here): a line whose operation returned survives a power loss.
+	// SyncEvery (the default) returns from Append once the line is
+	// fsynced: a line whose operation returned survives a power loss.
+	// Appends made at the same time share one fsync (group commit, see
+	// Log.Append): on a disk whose fsync takes 1.6 ms, 256 concurrent
+	// appenders wrote 32 times the lines a second of one fsync per line
+	// (BenchmarkConcurrentAppends).
 	SyncEvery Sync = iota
 	// SyncNone leaves write-back to the kernel: a crash of the process
 	// loses nothing (every line is one write(2)), a crash of the machine
@@ -134,19 +139,27 @@ type Rotated struct {
 }
 
 // Log is an append-only, hash-chained JSON-lines file. Safe for concurrent
-// use within a process (one mutex) and across processes (an flock around
-// every append; a writer that finds the file grown by another re-reads the
-// last line before chaining to it).
+// use within a process (appends queue for one writer goroutine: see
+// Append) and across processes (an flock around every batch of lines; a
+// writer that finds the file grown by another re-reads the last line
+// before chaining to it).
 type Log struct {
 	path string
 	opts Options
 
-	mu     sync.Mutex
-	f      *os.File
-	prev   string
-	seq    uint64
-	end    int64 // the file's size after this Log's last append or read
-	closed bool
+	mu      sync.Mutex
+	queue   []*pending // appends waiting for the writer
+	writing bool       // a writer goroutine runs
+	idle    sync.Cond  // on mu: writing became false
+	closed  bool
+
+	// The writer's, or Open's and Close's when none runs.
+	f    *os.File
+	prev string
+	seq  uint64
+	end  int64 // the file's size after this Log's last append or read
+
+	syncs atomic.Uint64 // fsyncs of appended lines
 }
 
 // Open opens (creating it 0600) the log at path and reads its last line to
@@ -163,6 +176,7 @@ func Open(path string, opts Options) (*Log, error) {
 		return nil, fmt.Errorf("audit log: %w", err)
 	}
 	l := &Log{path: path, opts: opts, f: f}
+	l.idle.L = &l.mu
 	if err := l.lock(); err != nil {
 		f.Close()
 		return nil, err
@@ -223,58 +237,147 @@ func (l *Log) readTail() error {
 }
 
 // Append completes r (version, sequence number, time if unset, the previous
-// line's hash) and appends it as one line.
+// line's hash) and appends it as one line. With SyncEvery it returns once
+// the line is on disk.
+//
+// Appends are committed in groups: they queue, and one goroutine (started
+// by the first append that finds none running, gone when the queue is
+// empty) takes everything queued, writes each line with its own write(2)
+// under the flock and fsyncs once for the lot, then answers each append.
+// Concurrent appenders so share one fsync instead of waiting in line for
+// one each; an append alone costs what it did (one write, one fsync).
 func (l *Log) Append(r Record) error {
+	if r.Time.IsZero() {
+		r.Time = time.Now()
+	}
+	p := &pending{r: r, done: make(chan error, 1)}
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.closed {
+		l.mu.Unlock()
 		return fmt.Errorf("audit log %s: closed", l.path)
 	}
+	l.queue = append(l.queue, p)
+	if !l.writing {
+		l.writing = true
+		go l.write()
+	}
+	l.mu.Unlock()
+	return <-p.done
+}
+
+// pending is a queued append and where its answer goes.
+type pending struct {
+	r    Record
+	done chan error
+}
+
+// write commits what is queued, batch after batch, until the queue is
+// empty. One runs at a time (l.writing).
+func (l *Log) write() {
+	var spare []*pending
+	for {
+		l.mu.Lock()
+		batch := l.queue
+		if len(batch) == 0 {
+			l.writing = false
+			l.idle.Broadcast()
+			l.mu.Unlock()
+			return
+		}
+		l.queue = spare[:0]
+		l.mu.Unlock()
+		l.commit(batch)
+		clear(batch)
+		spare = batch
+	}
+}
+
+// commit appends a batch of records and answers each: nil once its line is
+// written (and, with SyncEvery, fsynced), or the error that kept it from
+// being so. Before a rotation the lines already in the full file are
+// fsynced and answered, so a rotation never holds a line that is not on
+// disk.
+func (l *Log) commit(batch []*pending) {
+	answer := func(ps []*pending, err error) {
+		for _, p := range ps {
+			p.done <- err
+		}
+	}
 	if err := l.lock(); err != nil {
-		return err
+		answer(batch, err)
+		return
 	}
 	defer func() { l.unlock() }() // l.f may change
 	if l.opts.MaxBytes > 0 {
 		if err := l.followRotationLocked(); err != nil {
-			return err
+			answer(batch, err)
+			return
 		}
 	}
 	st, err := l.f.Stat()
 	if err != nil {
-		return fmt.Errorf("audit log %s: %w", l.path, err)
+		answer(batch, fmt.Errorf("audit log %s: %w", l.path, err))
+		return
 	}
 	if st.Size() != l.end { // another writer appended: chain to its last line
 		if err := l.readTail(); err != nil {
-			return err
+			answer(batch, err)
+			return
 		}
 	}
-	if l.opts.MaxBytes > 0 && st.Size() >= l.opts.MaxBytes {
-		if err := l.rotateLocked(st.Size()); err != nil {
-			return err
+	written := 0 // batch[done:written] are written, not yet answered
+	done := 0
+	flush := func() error {
+		if written == done {
+			return nil
 		}
-		if st, err = l.f.Stat(); err != nil {
-			return fmt.Errorf("audit log %s: %w", l.path, err)
+		if l.opts.Sync == SyncEvery {
+			if err := l.f.Sync(); err != nil {
+				err = fmt.Errorf("audit log %s: fsync: %w", l.path, err)
+				answer(batch[done:written], err)
+				done = written
+				return err
+			}
+			l.syncs.Add(1)
 		}
+		answer(batch[done:written], nil)
+		done = written
+		return nil
 	}
-	r.V, r.Seq, r.Prev = Version, l.seq+1, l.prev
-	if r.Time.IsZero() {
-		r.Time = time.Now()
-	}
-	r.Time = r.Time.UTC()
-	line, hash, err := encodeLine(r)
-	if err != nil {
-		return fmt.Errorf("audit log %s: %w", l.path, err)
-	}
-	if _, err := l.f.Write(line); err != nil {
-		return fmt.Errorf("audit log %s: %w", l.path, err)
-	}
-	if l.opts.Sync == SyncEvery {
-		if err := l.f.Sync(); err != nil {
-			return fmt.Errorf("audit log %s: fsync: %w", l.path, err)
+	for i, p := range batch {
+		if l.opts.MaxBytes > 0 && l.end >= l.opts.MaxBytes {
+			if err := flush(); err != nil {
+				answer(batch[i:], err)
+				return
+			}
+			if err := l.rotateLocked(l.end); err != nil {
+				answer(batch[i:], err)
+				return
+			}
 		}
+		r := p.r
+		r.V, r.Seq, r.Prev, r.Time = Version, l.seq+1, l.prev, r.Time.UTC()
+		line, hash, err := encodeLine(r)
+		if err != nil { // this record's own fault: the lines before it are answered first
+			if err := flush(); err != nil {
+				answer(batch[i:], err)
+				return
+			}
+			p.done <- fmt.Errorf("audit log %s: %w", l.path, err)
+			written++
+			done++
+			continue
+		}
+		if _, err := l.f.Write(line); err != nil {
+			err = fmt.Errorf("audit log %s: %w", l.path, err)
+			flush()
+			answer(batch[i:], err)
+			return
+		}
+		l.prev, l.seq, l.end = hash, r.Seq, l.end+int64(len(line))
+		written++
 	}
-	l.prev, l.seq, l.end = hash, r.Seq, st.Size()+int64(len(line))
-	return nil
+	flush()
 }
 
 // followRotationLocked: when another process rotated the log since this
@@ -347,6 +450,15 @@ func (l *Log) rotateLocked(size int64) error {
 	if err := tmp.Sync(); err != nil {
 		return fail(err)
 	}
+	// A rotation killed between its link and its rename left PATH.1 the
+	// full file itself: it is linked again below, not shifted.
+	if cur, err := l.f.Stat(); err == nil {
+		if one, err := os.Stat(l.path + ".1"); err == nil && os.SameFile(cur, one) {
+			if err := os.Remove(l.path + ".1"); err != nil {
+				return fail(err)
+			}
+		}
+	}
 	os.Remove(fmt.Sprintf("%s.%d", l.path, keep))
 	for i := keep - 1; i >= 1; i-- {
 		os.Rename(fmt.Sprintf("%s.%d", l.path, i), fmt.Sprintf("%s.%d", l.path, i+1))
@@ -370,7 +482,8 @@ func (l *Log) rotateLocked(size int64) error {
 	return nil
 }
 
-// Close closes the file. Idempotent.
+// Close refuses further appends, waits for those queued to be written
+// (and answered) and closes the file. Idempotent.
 func (l *Log) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -378,6 +491,9 @@ func (l *Log) Close() error {
 		return nil
 	}
 	l.closed = true
+	for l.writing {
+		l.idle.Wait()
+	}
 	return l.f.Close()
 }
 
