@@ -2,6 +2,8 @@ package runtime
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -51,7 +53,22 @@ type WorkerOptions struct {
 	Logger   *slog.Logger
 	// Registry receives its metrics (a new one when nil).
 	Registry *prometheus.Registry
+	// Prepare, when set, runs once the worker has connected and found its
+	// ID free (no live worker answers to it), before it takes work: the
+	// command removes there what a killed predecessor of the same ID left.
+	Prepare func(context.Context)
+	// RolloutIdle is how long the worker keeps a rollout's policy client
+	// after the last of its episodes here ended (default one minute): a
+	// rollout that has ended frees it.
+	RolloutIdle time.Duration
 }
+
+// ErrWorkerIDTaken is RunWorker's error when a live worker answers to the
+// ID it was given.
+var ErrWorkerIDTaken = errors.New("worker id taken")
+
+// DefaultRolloutIdle is WorkerOptions.RolloutIdle's default.
+const DefaultRolloutIdle = time.Minute
 
 // worker runs the episodes a coordinator dispatches.
 type worker struct {
@@ -66,10 +83,27 @@ type worker struct {
 	metrics   *Metrics
 	free      chan struct{} // one token per free slot
 
+	// instance tells this process from another of the same ID (its
+	// answers to pings carry it).
+	instance string
+
 	mu       sync.Mutex
 	running  map[string]*attempt // by episode id
-	policies map[string]agent.Policy
+	rollouts map[string]*rolloutClient
 	stored   map[string]chan cluster.Stored // by episode id
+}
+
+// rolloutClient is what a worker holds of a rollout while it runs its
+// episodes: the policy client and the rollout's cap on policy calls in
+// flight. It is freed once no episode of the rollout has run here for
+// WorkerOptions.RolloutIdle.
+type rolloutClient struct {
+	ready  chan struct{} // closed once policy (or err) is set
+	policy agent.Policy
+	err    error
+	sem    chan struct{}
+	refs   int       // episodes of the rollout running here (under worker.mu)
+	idle   time.Time // when refs last dropped to 0
 }
 
 // attempt is one episode run by the worker.
@@ -120,6 +154,9 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	if o.Registry == nil {
 		o.Registry = prometheus.NewRegistry()
 	}
+	if o.RolloutIdle <= 0 {
+		o.RolloutIdle = DefaultRolloutIdle
+	}
 	if err := os.MkdirAll(o.DataDir, 0o755); err != nil {
 		return fmt.Errorf("worker data directory: %w", err)
 	}
@@ -140,7 +177,25 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	life, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
 	w := &worker{o: o, log: o.Logger, nc: nc, js: js, metrics: NewMetrics(o.Registry), free: make(chan struct{}, o.Slots),
-		running: map[string]*attempt{}, policies: map[string]agent.Policy{}, stored: map[string]chan cluster.Stored{}}
+		running: map[string]*attempt{}, rollouts: map[string]*rolloutClient{}, stored: map[string]chan cluster.Stored{}}
+	// One process per ID: a second worker started with the ID of a live
+	// one would share its subjects (stored, ping) and its sandboxes'
+	// owner label, and its gc would remove the live one's sandboxes.
+	psub, err := w.takeID(setup)
+	if err != nil {
+		return err
+	}
+	defer psub.Unsubscribe()
+	if o.Prepare != nil {
+		o.Prepare(ctx)
+	}
+	o.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rollbox_worker_rollout_clients",
+		Help: "Rollouts whose policy client the worker holds (freed once none of their episodes has run here for the rollout idle time)."},
+		func() float64 {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			return float64(len(w.rollouts))
+		}))
 	for range o.Slots {
 		w.free <- struct{}{}
 	}
@@ -161,11 +216,6 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 		return err
 	}
 	defer csub.Unsubscribe()
-	psub, err := nc.Subscribe(cluster.PingSubject(o.ID), func(m *nats.Msg) { m.Respond(nil) })
-	if err != nil {
-		return err
-	}
-	defer psub.Unsubscribe()
 	w.beat(false)
 	go w.heartbeats(life)
 	o.Logger.Info("worker started", "worker", o.ID, "backend", o.Backend, "slots", o.Slots, "cluster", o.URL)
@@ -215,6 +265,84 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	return nil
 }
 
+// pingAnswer is a worker's answer to a ping on its PingSubject.
+type pingAnswer struct {
+	Instance string `json:"instance"`
+	Host     string `json:"host"`
+	PID      int    `json:"pid"`
+}
+
+// takeID makes sure no live worker answers to w's ID, then answers to it
+// itself (the ping subscription, returned), and asks again: of two
+// workers started at once with one ID, the later one (or both) sees the
+// other then, and refuses.
+func (w *worker) takeID(ctx context.Context) (*nats.Subscription, error) {
+	var nonce [8]byte
+	rand.Read(nonce[:])
+	w.instance = hex.EncodeToString(nonce[:])
+	me, _ := json.Marshal(pingAnswer{Instance: w.instance, Host: w.o.Host, PID: os.Getpid()})
+	if other, err := w.otherInstance(ctx); err != nil {
+		return nil, err
+	} else if other != nil {
+		return nil, w.idTaken(other)
+	}
+	sub, err := w.nc.Subscribe(cluster.PingSubject(w.o.ID), func(m *nats.Msg) { m.Respond(me) })
+	if err != nil {
+		return nil, err
+	}
+	if other, err := w.otherInstance(ctx); err != nil || other != nil {
+		sub.Unsubscribe()
+		if err != nil {
+			return nil, err
+		}
+		return nil, w.idTaken(other)
+	}
+	return sub, nil
+}
+
+// otherInstance pings w's ID and returns the first answer of another
+// process, or nil when none answers within a second (a worker answers at
+// once; with nobody subscribed NATS says so at once).
+func (w *worker) otherInstance(ctx context.Context) (*pingAnswer, error) {
+	inbox := w.nc.NewRespInbox()
+	ch := make(chan *nats.Msg, 16)
+	sub, err := w.nc.ChanSubscribe(inbox, ch)
+	if err != nil {
+		return nil, err
+	}
+	defer sub.Unsubscribe()
+	if err := w.nc.PublishRequest(cluster.PingSubject(w.o.ID), inbox, nil); err != nil {
+		return nil, err
+	}
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case m := <-ch:
+			var a pingAnswer
+			if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+				return nil, nil // no responders
+			}
+			json.Unmarshal(m.Data, &a)
+			if a.Instance != w.instance {
+				return &a, nil
+			}
+		case <-t.C:
+			return nil, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func (w *worker) idTaken(other *pingAnswer) error {
+	who := "a live worker"
+	if other.Host != "" {
+		who = fmt.Sprintf("a live worker on host %s (pid %d)", other.Host, other.PID)
+	}
+	return fmt.Errorf("--id %s: %w: %s answers to it; stop that worker first or give this one another --id", w.o.ID, ErrWorkerIDTaken, who)
+}
+
 // checkWorkerID wants a worker id that is one subject token.
 func checkWorkerID(id string) error {
 	for _, r := range id {
@@ -250,6 +378,19 @@ func (w *worker) heartbeats(ctx context.Context) {
 			return
 		case <-t.C:
 			w.beat(false)
+			w.freeIdleRollouts(time.Now())
+		}
+	}
+}
+
+// freeIdleRollouts drops the clients of rollouts none of whose episodes
+// has run here for RolloutIdle.
+func (w *worker) freeIdleRollouts(now time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for id, rc := range w.rollouts {
+		if rc.refs == 0 && now.Sub(rc.idle) >= w.o.RolloutIdle {
+			delete(w.rollouts, id)
 		}
 	}
 }
@@ -405,7 +546,8 @@ func (w *worker) run(ctx context.Context, a *attempt) cluster.Done {
 	if err := json.Unmarshal(item.Task, task); err != nil {
 		return cluster.Done{Error: fmt.Sprintf("the work item's task: %v", err)}
 	}
-	pol, err := w.policy(item)
+	rc, err := w.rollout(item)
+	defer w.releaseRollout(item.RolloutID, rc)
 	if err != nil {
 		return cluster.Done{Error: err.Error()}
 	}
@@ -416,11 +558,7 @@ func (w *worker) run(ctx context.Context, a *attempt) cluster.Done {
 	}
 	cfg.NewSandbox = w.sandboxes.create
 	ep := w.endpoints.get(item.Policy.BaseURL)
-	var sem chan struct{}
-	if item.Policy.MaxConcurrency > 0 {
-		sem = make(chan struct{}, item.Policy.MaxConcurrency)
-	}
-	cfg.Policy = &askedPolicy{inner: &gatedPolicy{inner: pol, ep: ep, rolloutSem: sem, metrics: w.metrics}, a: a, w: w}
+	cfg.Policy = &askedPolicy{inner: &gatedPolicy{inner: rc.policy, ep: ep, rolloutSem: rc.sem, metrics: w.metrics}, a: a, w: w}
 	cfg.PolicyInfo = item.Policy.Info
 	if len(item.Policy.Sampling) > 0 {
 		json.Unmarshal(item.Policy.Sampling, &cfg.Sampling)
@@ -444,18 +582,52 @@ func (w *worker) run(ctx context.Context, a *attempt) cluster.Done {
 	return cluster.Done{}
 }
 
-// policy is the item's rollout's policy client (one per rollout).
-func (w *worker) policy(item cluster.WorkItem) (agent.Policy, error) {
+// rollout is the item's rollout's client (one per rollout: its policy
+// client and its cap on policy calls in flight), held for the episode
+// until releaseRollout. The policy client is made outside the worker's
+// lock (a token-mode client asks its server first): heartbeats and
+// claims never wait for it.
+func (w *worker) rollout(item cluster.WorkItem) (*rolloutClient, error) {
+	w.mu.Lock()
+	rc := w.rollouts[item.RolloutID]
+	if rc == nil {
+		rc = &rolloutClient{ready: make(chan struct{})}
+		if item.Policy.MaxConcurrency > 0 {
+			rc.sem = make(chan struct{}, item.Policy.MaxConcurrency)
+		}
+		w.rollouts[item.RolloutID] = rc
+		rc.refs++
+		w.mu.Unlock()
+		rc.policy, rc.err = w.newPolicy(item.Policy)
+		close(rc.ready)
+	} else {
+		rc.refs++
+		w.mu.Unlock()
+		<-rc.ready
+	}
+	return rc, rc.err
+}
+
+// releaseRollout ends an episode's hold on its rollout's client. A client
+// that failed to be made is dropped at once, so the next episode tries
+// again.
+func (w *worker) releaseRollout(id string, rc *rolloutClient) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if p := w.policies[item.RolloutID]; p != nil {
-		return p, nil
+	rc.refs--
+	if rc.refs == 0 {
+		rc.idle = time.Now()
+		if rc.err != nil && w.rollouts[id] == rc {
+			delete(w.rollouts, id)
+		}
 	}
-	pp := item.Policy
+}
+
+// newPolicy makes a rollout's policy client.
+func (w *worker) newPolicy(pp cluster.Policy) (agent.Policy, error) {
 	ep := w.endpoints.get(pp.BaseURL)
 	cfg := openai.Config{BaseURL: pp.BaseURL, Model: pp.Model, APIKey: w.o.PolicyAPIKey, MaxRetries: pp.MaxRetries,
 		Timeout: time.Duration(pp.TimeoutS * float64(time.Second)), HTTPClient: ep.client, TokenizeURL: pp.TokenizeURL}
-	var p agent.Policy
 	if pp.Mode == trajectory.ModeTokens {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -463,16 +635,13 @@ func (w *worker) policy(item cluster.WorkItem) (agent.Policy, error) {
 		if err != nil {
 			return nil, fmt.Errorf("token-mode policy: %w", err)
 		}
-		p = tp
-	} else {
-		op, err := openai.New(cfg)
-		if err != nil {
-			return nil, err
-		}
-		p = op
+		return tp, nil
 	}
-	w.policies[item.RolloutID] = p
-	return p, nil
+	op, err := openai.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return op, nil
 }
 
 // publishLine streams one journal line.

@@ -20,6 +20,7 @@ import (
 	"regexp"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -166,7 +167,11 @@ func withSignals(parent context.Context, stderr io.Writer) (context.Context, fun
 		}
 		got = s
 		close(received)
-		fmt.Fprintf(stderr, "\nrollbox: %s: stopping; the episodes in flight are recorded interrupted (a second signal stops at once)\n", signalName(s))
+		notice := "stopping; the episodes in flight are recorded interrupted (a second signal stops at once)"
+		if n := stopNotice.Load(); n != nil {
+			notice = *n
+		}
+		fmt.Fprintf(stderr, "\nrollbox: %s: %s\n", signalName(s), notice)
 		cancel(&agent.StopCause{Reason: trajectory.EndInterrupted, Message: "interrupted by " + signalName(s)})
 		if s, ok = <-sigs; ok {
 			os.Exit(128 + signalNumber(s))
@@ -182,6 +187,13 @@ func withSignals(parent context.Context, stderr io.Writer) (context.Context, fun
 	}
 	return ctx, which, func() { signal.Stop(sigs); close(sigs); cancel(nil) }
 }
+
+// stopNotice, when set (setStopNotice), is what withSignals says a signal
+// does, in place of the default (episodes in flight recorded interrupted),
+// for a command that stops otherwise.
+var stopNotice atomic.Pointer[string]
+
+func setStopNotice(s string) { stopNotice.Store(&s) }
 
 // signalName is SIGINT, SIGTERM, ... for s.
 func signalName(s os.Signal) string {

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -85,19 +87,32 @@ lines on stderr. See docs/scale-out.md.`,
 		if cfg.owner == "" {
 			cfg.owner = workerOwner(*id, host)
 		}
-		if *backendName != sandbox.BackendWASM {
-			gcOwner(ctx, log, cfg)
-		}
 		backends := newBackendSet(logLines{log}, cfg)
 		defer backends.Close()
 		abs, _ := filepath.Abs(dir)
 		log.Info(fmt.Sprintf("worker on %s", *url), "data", abs, "owner", cfg.owner)
-		return runtime.RunWorker(ctx, runtime.WorkerOptions{URL: *url, ID: *id, Host: host, Backend: *backendName, Slots: *slots,
+		setStopNotice(workerStopNotice)
+		err := runtime.RunWorker(ctx, runtime.WorkerOptions{URL: *url, ID: *id, Host: host, Backend: *backendName, Slots: *slots,
 			PolicyConcurrency: *policyConc, DataDir: dir, Heartbeat: *heartbeat, PolicyAPIKey: cfg.openAIKey, WarmPool: *warm, Logger: log,
-			Backends: runtime.BackendFunc(backends.get)})
+			Backends: runtime.BackendFunc(backends.get),
+			// Only once no live worker has its --id: the gc would remove
+			// a live worker's sandboxes.
+			Prepare: func(ctx context.Context) {
+				if *backendName != sandbox.BackendWASM {
+					gcOwner(ctx, log, cfg)
+				}
+			}})
+		if errors.Is(err, runtime.ErrWorkerIDTaken) {
+			return usagef("%v", err)
+		}
+		return err
 	}
 	return cmd
 }
+
+// workerStopNotice is what a worker says on SIGTERM or SIGINT: it drains,
+// it does not interrupt.
+const workerStopNotice = "stopping: no more work is taken; the episodes running here finish and are stored by the coordinator, then the worker leaves (a second signal stops at once: the coordinator then takes the worker for lost, as after a SIGKILL)"
 
 // workerOwner is the owner label of a worker's sandboxes: its id, else its
 // host's name, so that a restarted worker finds its predecessor's.
