@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -260,11 +261,11 @@ func (b *Backend) acquire(ctx context.Context) (*helper.Process, error) {
 		case <-w:
 		case <-ctx.Done():
 			b.mu.Lock()
-			for i, x := range b.waiters {
-				if x == w {
-					b.waiters = append(b.waiters[:i], b.waiters[i+1:]...)
-					break
-				}
+			if i := slices.Index(b.waiters, w); i >= 0 {
+				b.waiters = slices.Delete(b.waiters, i, i+1) // clears the freed slot
+			}
+			if len(b.waiters) == 0 {
+				b.waiters = nil
 			}
 			b.mu.Unlock()
 			return nil, context.Cause(ctx)
@@ -275,7 +276,14 @@ func (b *Backend) acquire(ctx context.Context) (*helper.Process, error) {
 func (b *Backend) wakeLocked() {
 	if len(b.waiters) > 0 {
 		close(b.waiters[0])
+		// The slot is cleared and an empty queue drops its array: a burst
+		// of thousands of waiters keeps neither their channels nor the
+		// room for them once they were served.
+		b.waiters[0] = nil
 		b.waiters = b.waiters[1:]
+		if len(b.waiters) == 0 {
+			b.waiters = nil
+		}
 	}
 }
 

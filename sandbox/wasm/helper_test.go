@@ -262,3 +262,38 @@ func listDir(t *testing.T, dir string) string {
 	})
 	return strings.Join(out, "\n")
 }
+
+// Execs queued for a helper (more at once than MaxShells) leave nothing
+// behind once they ran: the queue of waiters does not keep its backing
+// array, and with it every waiter's channel, after a burst (a rollout of
+// thousands of episodes on a few helpers kept ~1.5 MB so).
+func TestQueuedExecsLeaveNoWaitersBehind(t *testing.T) {
+	b := newBackend(t, Options{MaxShells: 1})
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for i := range 24 {
+		sb, err := b.Create(ctx, sandbox.Spec{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sb.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx := ctx
+			if i%4 == 3 { // some give up while queued
+				c, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+				defer cancel()
+				cctx = c
+			}
+			sb.Exec(cctx, sandbox.ExecRequest{Shell: "sleep 0.05"})
+		}()
+	}
+	wg.Wait()
+	b.mu.Lock()
+	n, c := len(b.waiters), cap(b.waiters)
+	b.mu.Unlock()
+	if n != 0 || c != 0 {
+		t.Fatalf("after the burst the waiters queue has length %d and keeps room for %d", n, c)
+	}
+}
