@@ -105,11 +105,22 @@ type RolloutResult struct {
 // cache the kernel takes back at need), as /proc/PID/status says; and the
 // Go heap's live bytes and the bytes of its spans in use (live objects and
 // the free room in spans that hold any), from the service's /metrics.
+//
+// The rest of the anonymous memory is mostly the Go runtime's own, which it
+// keeps at its high-water mark and never returns: goroutine stacks in use,
+// the span structures (one per span the heap ever had at once: they grow
+// with the peak heap), the collector's metadata (mark bits and the arenas'
+// index, also sized by the peak) and other runtime memory (profiling
+// buckets, per-processor caches).
 type MemoryParts struct {
 	Anon      int64 `json:"rss_anon_bytes"`
 	File      int64 `json:"rss_file_bytes"`
 	HeapLive  int64 `json:"heap_live_bytes"`
 	HeapInuse int64 `json:"heap_inuse_bytes"`
+	Stacks    int64 `json:"stack_inuse_bytes"`
+	SpanMeta  int64 `json:"mspan_sys_bytes"`
+	GCMeta    int64 `json:"gc_sys_bytes"`
+	OtherSys  int64 `json:"other_sys_bytes"`
 }
 
 func memoryParts(base string, svc *Service) MemoryParts {
@@ -118,13 +129,17 @@ func memoryParts(base string, svc *Service) MemoryParts {
 		pid := strconv.Itoa(svc.cmd.Process.Pid)
 		m.Anon, m.File = proc.StatusBytes(pid, "RssAnon:"), proc.StatusBytes(pid, "RssFile:")
 	}
-	m.HeapLive, m.HeapInuse = scrapeMetric(base, "go_memstats_heap_alloc_bytes"), scrapeMetric(base, "go_memstats_heap_inuse_bytes")
+	ms := scrapeMetrics(base)
+	m.HeapLive, m.HeapInuse = ms["go_memstats_heap_alloc_bytes"], ms["go_memstats_heap_inuse_bytes"]
+	m.Stacks, m.SpanMeta, m.GCMeta = ms["go_memstats_stack_inuse_bytes"], ms["go_memstats_mspan_sys_bytes"], ms["go_memstats_gc_sys_bytes"]
+	m.OtherSys = ms["go_memstats_other_sys_bytes"] + ms["go_memstats_buck_hash_sys_bytes"] + ms["go_memstats_mcache_sys_bytes"]
 	return m
 }
 
 func (m MemoryParts) String() string {
 	mib := func(n int64) float64 { return float64(n) / (1 << 20) }
-	return fmt.Sprintf("anonymous %.1f + file %.1f MiB; Go heap live %.1f, spans in use %.1f MiB", mib(m.Anon), mib(m.File), mib(m.HeapLive), mib(m.HeapInuse))
+	return fmt.Sprintf("anonymous %.1f + file %.1f MiB; Go heap live %.1f, spans in use %.1f MiB; stacks %.1f, span structures %.1f, GC metadata %.1f, other runtime %.1f MiB",
+		mib(m.Anon), mib(m.File), mib(m.HeapLive), mib(m.HeapInuse), mib(m.Stacks), mib(m.SpanMeta), mib(m.GCMeta), mib(m.OtherSys))
 }
 
 // SlowProbe is one slow /healthz probe: sent AtS seconds after the
@@ -473,6 +488,28 @@ func fmtCounts(m map[string]int) string {
 func scrapePeakRSS(base string) int64 { return scrapeMetric(base, "rollbox_process_peak_rss_bytes") }
 
 // scrapeMetric reads one unlabelled metric from the service's /metrics.
+// scrapeMetrics reads every unlabelled sample of the service's /metrics
+// (none when it does not answer).
+func scrapeMetrics(base string) map[string]int64 {
+	out := map[string]int64{}
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		return out
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		name, val, ok := strings.Cut(line, " ")
+		if !ok || strings.HasPrefix(name, "#") || strings.Contains(name, "{") {
+			continue
+		}
+		if v, err := strconv.ParseFloat(val, 64); err == nil {
+			out[name] = int64(v)
+		}
+	}
+	return out
+}
+
 func scrapeMetric(base, name string) int64 {
 	resp, err := http.Get(base + "/metrics")
 	if err != nil {
@@ -542,7 +579,20 @@ func (c *BuildComparison) Report(w io.Writer) {
 	fmt.Fprintf(w, "  RSS before           %8.1f  %8.1f MiB\n", mib(a.RSSBefore), mib(b.RSSBefore))
 	fmt.Fprintf(w, "  RSS at the end       %8.1f  %8.1f MiB\n", mib(a.RSSAtEnd), mib(b.RSSAtEnd))
 	if a.RSSSettled > 0 || b.RSSSettled > 0 {
+		ratio := func(x, y int64) float64 { return float64(x) / float64(max(y, 1)) }
 		fmt.Fprintf(w, "  RSS settled          %8.1f  %8.1f MiB (%.2fx, %.2fx of before)\n", mib(a.RSSSettled), mib(b.RSSSettled),
-			float64(a.RSSSettled)/float64(max(a.RSSBefore, 1)), float64(b.RSSSettled)/float64(max(b.RSSBefore, 1)))
+			ratio(a.RSSSettled, a.RSSBefore), ratio(b.RSSSettled, b.RSSBefore))
+		ab, as, bb, bs := a.MemBefore, a.MemSettled, b.MemBefore, b.MemSettled
+		fmt.Fprintf(w, "  RssAnon before       %8.1f  %8.1f MiB\n", mib(ab.Anon), mib(bb.Anon))
+		fmt.Fprintf(w, "  RssAnon settled      %8.1f  %8.1f MiB (%.2fx, %.2fx of before)\n", mib(as.Anon), mib(bs.Anon), ratio(as.Anon, ab.Anon), ratio(bs.Anon, bb.Anon))
+		fmt.Fprintf(w, "  RssFile before       %8.1f  %8.1f MiB\n", mib(ab.File), mib(bb.File))
+		fmt.Fprintf(w, "  RssFile settled      %8.1f  %8.1f MiB (%.2fx, %.2fx of before)\n", mib(as.File), mib(bs.File), ratio(as.File, ab.File), ratio(bs.File, bb.File))
+		fmt.Fprintf(w, "  settled: heap live   %8.1f  %8.1f MiB\n", mib(as.HeapLive), mib(bs.HeapLive))
+		fmt.Fprintf(w, "  settled: spans in use%8.1f  %8.1f MiB\n", mib(as.HeapInuse), mib(bs.HeapInuse))
+		fmt.Fprintf(w, "  settled: runtime     %8.1f  %8.1f MiB (stacks, span structures, GC metadata, other)\n",
+			mib(as.Stacks+as.SpanMeta+as.GCMeta+as.OtherSys), mib(bs.Stacks+bs.SpanMeta+bs.GCMeta+bs.OtherSys))
+	}
+	if a.HealthPortAtPeakMS.N > 0 || b.HealthPortAtPeakMS.N > 0 {
+		fmt.Fprintf(w, "  --health-addr p99    %8.2f  %8.2f ms (at peak: the host's own delay, for reference)\n", a.HealthPortAtPeakMS.P99, b.HealthPortAtPeakMS.P99)
 	}
 }
