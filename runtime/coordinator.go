@@ -95,8 +95,11 @@ type workerState struct {
 // journals of the episodes in flight, apart from the single-host ones so
 // that a restart's recovery leaves them be) and claims/.
 type coordinator struct {
-	s           *Server
-	nc          *nats.Conn
+	s  *Server
+	nc *nats.Conn
+	// ctl is a connection of its own for the workers' heartbeats and the
+	// pings: they never wait behind the journal's traffic on nc.
+	ctl         *nats.Conn
 	js          jetstream.JetStream
 	heartbeat   time.Duration
 	journalsDir string
@@ -111,6 +114,7 @@ type coordinator struct {
 	dispatchedTotal prometheus.Counter
 	lostTotal       *prometheus.CounterVec // outcome: retried, interrupted
 	journalTotal    prometheus.Counter
+	recordsTotal    *prometheus.CounterVec // source: worker, journal
 	workersGauge    prometheus.GaugeFunc
 	slotsGauge      *prometheus.GaugeVec
 
@@ -132,12 +136,18 @@ func newCoordinator(s *Server, o ClusterOptions) (*coordinator, error) {
 		nc.Close()
 		return nil, err
 	}
-	c := &coordinator{s: s, nc: nc, js: js, heartbeat: o.Heartbeat, eps: map[string]*dispatched{},
+	ctl, _, err := cluster.Connect(o.URL, "rollbox-coordinator-control")
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	c := &coordinator{s: s, nc: nc, ctl: ctl, js: js, heartbeat: o.Heartbeat, eps: map[string]*dispatched{},
 		workers: map[string]*workerState{}, files: map[string]*os.File{}, started: time.Now(), resumed: make(chan struct{}),
 		journalsDir: filepath.Join(s.st.dir, "cluster", "journals"), claimsDir: filepath.Join(s.st.dir, "cluster", "claims")}
 	for _, d := range []string{c.journalsDir, c.claimsDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			nc.Close()
+			ctl.Close()
 			return nil, fmt.Errorf("cluster: %w", err)
 		}
 	}
@@ -150,6 +160,8 @@ func newCoordinator(s *Server, o ClusterOptions) (*coordinator, error) {
 		Help: "Attempts lost with their worker, by what became of the episode: retried (run again elsewhere) or interrupted (ended cancelled with its partial journal)."}, []string{"outcome"})
 	c.journalTotal = prometheus.NewCounter(prometheus.CounterOpts{Name: "rollbox_cluster_journal_messages_total",
 		Help: "Journal messages consumed from the workers."})
+	c.recordsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rollbox_cluster_records_total",
+		Help: "Episode records stored from their worker's ended attempt, by source: worker (the final document the worker sent with its done, stored as it is) or journal (rebuilt from the journal: a record over 512 KiB, or a worker that sent none)."}, []string{"source"})
 	c.workersGauge = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rollbox_cluster_workers",
 		Help: "Workers heard from within their heartbeat window."}, func() float64 {
 		c.mu.Lock()
@@ -158,7 +170,7 @@ func newCoordinator(s *Server, o ClusterOptions) (*coordinator, error) {
 	})
 	c.slotsGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "rollbox_cluster_slots",
 		Help: "Episode slots of the live workers, by backend."}, []string{"backend"})
-	s.registry.MustRegister(c.dispatchedTotal, c.lostTotal, c.journalTotal, c.workersGauge, c.slotsGauge)
+	s.registry.MustRegister(c.dispatchedTotal, c.lostTotal, c.journalTotal, c.recordsTotal, c.workersGauge, c.slotsGauge)
 	return c, nil
 }
 
@@ -200,7 +212,7 @@ func (c *coordinator) run(ctx context.Context) error {
 		return err
 	}
 	defer claims.Unsubscribe()
-	hbs, err := c.nc.Subscribe(cluster.HeartbeatSubjectPrefix+"*", c.onHeartbeat)
+	hbs, err := c.ctl.Subscribe(cluster.HeartbeatSubjectPrefix+"*", c.onHeartbeat)
 	if err != nil {
 		return err
 	}
@@ -261,6 +273,7 @@ func (c *coordinator) run(ctx context.Context) error {
 // close stops talking to NATS; the journals being appended are closed.
 func (c *coordinator) close() {
 	c.nc.Drain()
+	c.ctl.Drain()
 	c.mu.Lock()
 	for id, f := range c.files {
 		f.Close()
@@ -474,6 +487,12 @@ func (c *coordinator) lost(d *dispatched, why string, naknow bool) {
 // finish stores an episode's record and its end (the index, the rollout's
 // counts and groups), then releases its slot.
 func (c *coordinator) finish(d *dispatched, t *trajectory.Trajectory, journal string) {
+	c.finishDoc(d, t, nil, journal)
+}
+
+// finishDoc is finish with t's document as written already (doc, when not
+// nil), stored as it is.
+func (c *coordinator) finishDoc(d *dispatched, t *trajectory.Trajectory, doc []byte, journal string) {
 	s, r, e := c.s, d.j.r, d.j.ep
 	c.mu.Lock()
 	if d.ended {
@@ -484,7 +503,11 @@ func (c *coordinator) finish(d *dispatched, t *trajectory.Trajectory, journal st
 	delete(c.eps, e.rec.ID)
 	c.mu.Unlock()
 	var err error
-	if werr := trajectory.WriteFile(s.st.trajectoryPath(e.rec.ID), t); werr != nil {
+	write := func() error { return trajectory.WriteFile(s.st.trajectoryPath(e.rec.ID), t) }
+	if doc != nil {
+		write = func() error { return trajectory.WriteDocument(s.st.trajectoryPath(e.rec.ID), doc) }
+	}
+	if werr := write(); werr != nil {
 		err = &agent.RecordError{EpisodeID: e.rec.ID, Err: werr}
 		t = nil
 	} else if journal != "" {
@@ -584,7 +607,11 @@ func (c *coordinator) onJournal(msg jetstream.Msg) {
 		msg.Ack()
 	case cluster.KindDone:
 		var done cluster.Done
-		json.Unmarshal(msg.Data(), &done)
+		body, doc := msg.Data(), []byte(nil)
+		if n, err := strconv.Atoi(h.Get(cluster.HeaderRecord)); err == nil && n > 0 && n < len(body) && body[len(body)-n-1] == '\n' {
+			body, doc = body[:len(body)-n-1], body[len(body)-n:]
+		}
+		json.Unmarshal(body, &done)
 		d.deciding = true
 		if f := c.files[id]; f != nil {
 			f.Close()
@@ -592,7 +619,7 @@ func (c *coordinator) onJournal(msg jetstream.Msg) {
 		}
 		c.mu.Unlock()
 		go func() {
-			c.done(d, worker, attempt, done)
+			c.done(d, worker, attempt, done, doc)
 			msg.Ack()
 		}()
 	default:
@@ -602,12 +629,25 @@ func (c *coordinator) onJournal(msg jetstream.Msg) {
 }
 
 // done stores an ended attempt: the episode's record, or an infrastructure
-// attempt to retry; then tells the worker.
-func (c *coordinator) done(d *dispatched, worker string, attempt int, done cluster.Done) {
+// attempt to retry; then tells the worker. doc is the final document the
+// worker sent with its Done, if it did: stored as it is when it is this
+// episode's ended record, else the record is rebuilt from the journal.
+func (c *coordinator) done(d *dispatched, worker string, attempt int, done cluster.Done, doc []byte) {
 	s, r, e := c.s, d.j.r, d.j.ep
 	journal := c.journalPath(e.rec.ID)
-	t, err := trajectory.Recover(journal)
+	var t *trajectory.Trajectory
+	var err error
+	if doc != nil {
+		t = &trajectory.Trajectory{}
+		if json.Unmarshal(doc, t) != nil || t.EpisodeID != e.rec.ID || t.Termination == nil {
+			t, doc = nil, nil
+		}
+	}
+	if t == nil {
+		t, err = trajectory.Recover(journal)
+	}
 	if err != nil {
+		doc = nil
 		msg := "the worker's journal of this episode could not be read: " + err.Error()
 		if done.Error != "" {
 			msg = "the episode failed on worker " + worker + ": " + done.Error
@@ -632,7 +672,12 @@ func (c *coordinator) done(d *dispatched, worker string, attempt int, done clust
 		c.stored(worker, e.rec.ID, attempt, cluster.ActionRetry)
 		return
 	}
-	c.finish(d, t, journal)
+	source := "journal"
+	if doc != nil {
+		source = "worker"
+	}
+	c.recordsTotal.WithLabelValues(source).Inc()
+	c.finishDoc(d, t, doc, journal)
 	c.stored(worker, e.rec.ID, attempt, cluster.ActionAck)
 }
 
@@ -692,8 +737,12 @@ func (c *coordinator) reapWorkers(ctx context.Context) {
 	defer tick.Stop()
 	grace := time.Duration(cluster.MissedHeartbeats) * c.heartbeat
 	// While this process is cut from NATS it hears no heartbeat: nobody
-	// is lost for that; the windows count from the reconnection.
+	// is lost for that; the windows count from the reconnection. The same
+	// when this process itself stalled (its tick came a heartbeat late or
+	// more: starved of CPU, a long GC): the heartbeats it did not handle
+	// meanwhile say nothing of the workers.
 	var lastDown time.Time
+	lastTick := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -701,7 +750,9 @@ func (c *coordinator) reapWorkers(ctx context.Context) {
 		case <-tick.C:
 		}
 		now := time.Now()
-		if !c.nc.IsConnected() {
+		stalled := now.Sub(lastTick) > c.heartbeat
+		lastTick = now
+		if !c.nc.IsConnected() || !c.ctl.IsConnected() || stalled {
 			lastDown = now
 			continue
 		}
@@ -767,7 +818,7 @@ func (c *coordinator) unanswered(ctx context.Context, suspects map[string]bool) 
 			defer wg.Done()
 			pctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
-			_, err := c.nc.RequestWithContext(pctx, cluster.PingSubject(id), nil)
+			_, err := c.ctl.RequestWithContext(pctx, cluster.PingSubject(id), nil)
 			mu.Lock()
 			defer mu.Unlock()
 			if err == nil {
@@ -778,7 +829,7 @@ func (c *coordinator) unanswered(ctx context.Context, suspects map[string]bool) 
 				c.mu.Unlock()
 				return
 			}
-			if ctx.Err() == nil && c.nc.IsConnected() {
+			if ctx.Err() == nil && c.ctl.IsConnected() {
 				gone = append(gone, id)
 			}
 		}()

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -75,6 +76,7 @@ type worker struct {
 	o         WorkerOptions
 	log       *slog.Logger
 	nc        *nats.Conn
+	ctl       *nats.Conn // heartbeats and pings
 	js        jetstream.JetStream
 	backends  *backendOpener
 	sandboxes *sandboxes
@@ -165,6 +167,13 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 		return err
 	}
 	defer nc.Close()
+	// Heartbeats and pings have a connection of their own: they never
+	// wait behind the journal's traffic.
+	ctl, _, err := cluster.Connect(o.URL, "rollbox-worker-"+o.ID+"-control")
+	if err != nil {
+		return err
+	}
+	defer ctl.Close()
 	setup, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := cluster.EnsureStreams(setup, js); err != nil {
@@ -176,7 +185,7 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	}
 	life, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
-	w := &worker{o: o, log: o.Logger, nc: nc, js: js, metrics: NewMetrics(o.Registry), free: make(chan struct{}, o.Slots),
+	w := &worker{o: o, log: o.Logger, nc: nc, ctl: ctl, js: js, metrics: NewMetrics(o.Registry), free: make(chan struct{}, o.Slots),
 		running: map[string]*attempt{}, rollouts: map[string]*rolloutClient{}, stored: map[string]chan cluster.Stored{}}
 	// One process per ID: a second worker started with the ID of a live
 	// one would share its subjects (stored, ping) and its sandboxes'
@@ -261,6 +270,7 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	}
 	wg.Wait()
 	w.beat(true)
+	ctl.Flush()
 	nc.Flush()
 	return nil
 }
@@ -286,7 +296,7 @@ func (w *worker) takeID(ctx context.Context) (*nats.Subscription, error) {
 	} else if other != nil {
 		return nil, w.idTaken(other)
 	}
-	sub, err := w.nc.Subscribe(cluster.PingSubject(w.o.ID), func(m *nats.Msg) { m.Respond(me) })
+	sub, err := w.ctl.Subscribe(cluster.PingSubject(w.o.ID), func(m *nats.Msg) { m.Respond(me) })
 	if err != nil {
 		return nil, err
 	}
@@ -304,14 +314,14 @@ func (w *worker) takeID(ctx context.Context) (*nats.Subscription, error) {
 // process, or nil when none answers within a second (a worker answers at
 // once; with nobody subscribed NATS says so at once).
 func (w *worker) otherInstance(ctx context.Context) (*pingAnswer, error) {
-	inbox := w.nc.NewRespInbox()
+	inbox := w.ctl.NewRespInbox()
 	ch := make(chan *nats.Msg, 16)
-	sub, err := w.nc.ChanSubscribe(inbox, ch)
+	sub, err := w.ctl.ChanSubscribe(inbox, ch)
 	if err != nil {
 		return nil, err
 	}
 	defer sub.Unsubscribe()
-	if err := w.nc.PublishRequest(cluster.PingSubject(w.o.ID), inbox, nil); err != nil {
+	if err := w.ctl.PublishRequest(cluster.PingSubject(w.o.ID), inbox, nil); err != nil {
 		return nil, err
 	}
 	t := time.NewTimer(time.Second)
@@ -366,7 +376,7 @@ func (w *worker) beat(leaving bool) {
 	w.mu.Unlock()
 	hb.Running = len(hb.Episodes)
 	b, _ := json.Marshal(hb)
-	w.nc.Publish(cluster.HeartbeatSubject(w.o.ID), b)
+	w.ctl.Publish(cluster.HeartbeatSubject(w.o.ID), b)
 }
 
 func (w *worker) heartbeats(ctx context.Context) {
@@ -505,11 +515,16 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 	}()
 	done := w.run(actx, a)
 	body, _ := json.Marshal(done)
+	var extra []string
+	if doc := w.finalDocument(item.EpisodeID); doc != nil {
+		extra = []string{cluster.HeaderRecord, strconv.Itoa(len(doc))}
+		body = append(append(body, '\n'), doc...)
+	}
 	for {
 		a.seqMu.Lock()
 		lines := a.seq
 		a.seqMu.Unlock()
-		if err := w.publish(ctx, a, cluster.KindDone, lines, body); err != nil {
+		if err := w.publish(ctx, a, cluster.KindDone, lines, body, extra...); err != nil {
 			w.log.Error("worker: publishing an episode's end failed; the item is left for redelivery", "episode", item.EpisodeID, "err", err)
 			return
 		}
@@ -557,6 +572,9 @@ func (w *worker) run(ctx context.Context, a *attempt) cluster.Done {
 		return cluster.Done{Error: fmt.Sprintf("the work item's episode id %q is not %q", item.EpisodeID, cfg.EpisodeID)}
 	}
 	cfg.NewSandbox = w.sandboxes.create
+	// A record a dead predecessor in this --data left of the episode is
+	// not this attempt's (its Done would send it).
+	os.Remove(filepath.Join(w.o.DataDir, item.EpisodeID+".json"))
 	ep := w.endpoints.get(item.Policy.BaseURL)
 	cfg.Policy = &askedPolicy{inner: &gatedPolicy{inner: rc.policy, ep: ep, rolloutSem: rc.sem, metrics: w.metrics}, a: a, w: w}
 	cfg.PolicyInfo = item.Policy.Info
@@ -655,9 +673,25 @@ func (w *worker) publishLine(ctx context.Context, a *attempt, line []byte) error
 	return nil
 }
 
+// finalDocument is the episode's final document as the trajectory writer
+// wrote it here (trailing newline cut), or nil when there is none or it is
+// over cluster.MaxRecordInDone.
+func (w *worker) finalDocument(id string) []byte {
+	path := filepath.Join(w.o.DataDir, id+".json")
+	if st, err := os.Stat(path); err != nil || st.Size() > cluster.MaxRecordInDone {
+		return nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) == 0 || len(b) > cluster.MaxRecordInDone {
+		return nil
+	}
+	return bytes.TrimSuffix(b, []byte{'\n'})
+}
+
 // publish sends one journal message and waits for JetStream's ack,
-// retrying while NATS is away (up to two minutes).
-func (w *worker) publish(ctx context.Context, a *attempt, kind string, seq int, body []byte) error {
+// retrying while NATS is away (up to two minutes). extra are more headers
+// (name, value, ...).
+func (w *worker) publish(ctx context.Context, a *attempt, kind string, seq int, body []byte, extra ...string) error {
 	m := nats.NewMsg(a.subject)
 	m.Data = body
 	m.Header.Set(cluster.HeaderEpisode, a.item.EpisodeID)
@@ -667,6 +701,9 @@ func (w *worker) publish(ctx context.Context, a *attempt, kind string, seq int, 
 	m.Header.Set(cluster.HeaderKind, kind)
 	if seq >= 0 {
 		m.Header.Set(cluster.HeaderSeq, strconv.Itoa(seq))
+	}
+	for i := 0; i+1 < len(extra); i += 2 {
+		m.Header.Set(extra[i], extra[i+1])
 	}
 	deadline := time.Now().Add(2 * time.Minute)
 	for {

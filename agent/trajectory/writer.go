@@ -259,6 +259,21 @@ func WriteFile(path string, t *Trajectory) error {
 	return syncDir(filepath.Dir(path))
 }
 
+// WriteDocument writes a final document WriteFile wrote elsewhere (doc,
+// without its closing newline, as ReadDocument gives it) to path, as
+// durably and atomically as WriteFile, without decoding or encoding it: a
+// cluster coordinator stores the record its worker wrote.
+func WriteDocument(path string, doc []byte) error {
+	if err := writeTempBytes(path, doc, true); err != nil {
+		return err
+	}
+	if err := os.Rename(path+tmpSuffix, path); err != nil {
+		os.Remove(path + tmpSuffix)
+		return err
+	}
+	return syncDir(filepath.Dir(path))
+}
+
 // writeTemp writes t to path + tmpSuffix (fsynced when sync is set).
 func writeTemp(path string, t *Trajectory, sync bool) (err error) {
 	// A token-mode record (one with segments) is written compact: its id
@@ -271,6 +286,12 @@ func writeTemp(path string, t *Trajectory, sync bool) (err error) {
 	if err != nil {
 		return fmt.Errorf("trajectory %s: %w", t.EpisodeID, err)
 	}
+	return writeTempBytes(path, b, sync)
+}
+
+// writeTempBytes writes b and a newline to path + tmpSuffix (fsynced when
+// sync is set).
+func writeTempBytes(path string, b []byte, sync bool) (err error) {
 	tmp := path + tmpSuffix
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {

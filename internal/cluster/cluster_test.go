@@ -474,6 +474,31 @@ func TestRolloutOverWorkersMatchesOneHost(t *testing.T) {
 	if st.State != "done" || st.EpisodesDone != len(tasks)*group {
 		t.Errorf("rollout %s: %+v, want done with %d episodes", id, st, len(tasks)*group)
 	}
+	// Each record is the document its worker wrote, stored as it is (not
+	// rebuilt from the journal: the coordinator's CPU per episode).
+	if got, want := coord.metric(`rollbox_cluster_records_total{source="worker"}`), float64(len(tasks)*group); got != want {
+		t.Errorf("%v records stored from their worker's document, want %v (%v rebuilt from the journal)", got, want,
+			coord.metric(`rollbox_cluster_records_total{source="journal"}`))
+	}
+}
+
+// metric is the value of a sample of GET /metrics (name with its labels
+// as the text format writes them), 0 when absent.
+func (c *coordinator) metric(sample string) float64 {
+	c.t.Helper()
+	resp, err := http.Get(c.url + "/metrics")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), sample+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return 0
 }
 
 // gatePolicy answers like scripted, but holds every call for a second turn

@@ -108,7 +108,18 @@ const (
 	// KindDone it is the number of lines the attempt journaled, so the
 	// coordinator ends it only once it holds them all.
 	HeaderSeq = "Rollbox-Seq"
+	// HeaderRecord, on KindDone, is the length in bytes of the episode's
+	// final document (as the worker's trajectory writer wrote it from the
+	// same lines) that follows the Done and a newline in the body: the
+	// coordinator stores it as it is instead of rebuilding it from the
+	// journal. Absent (a record over MaxRecordInDone, or none): the
+	// coordinator rebuilds the record from the journal.
+	HeaderRecord = "Rollbox-Record"
 )
+
+// MaxRecordInDone is the largest final document a worker sends with its
+// Done (NATS's default max payload is 1 MiB).
+const MaxRecordInDone = 512 << 10
 
 // Journal message kinds.
 const (

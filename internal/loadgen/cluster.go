@@ -1,10 +1,12 @@
 package loadgen
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
@@ -316,6 +318,7 @@ func (w *fakeWorker) run(ctx context.Context, msg jetstream.Msg) error {
 	}()
 
 	seq := 0
+	var record string // HeaderRecord of the Done
 	publish := func(kind string, data []byte) error {
 		m := nats.NewMsg(cluster.JournalSubject(item.EpisodeID))
 		m.Header.Set(cluster.HeaderEpisode, item.EpisodeID)
@@ -326,6 +329,9 @@ func (w *fakeWorker) run(ctx context.Context, msg jetstream.Msg) error {
 		if kind == cluster.KindLine {
 			m.Header.Set(cluster.HeaderSeq, strconv.Itoa(seq))
 			seq++
+		}
+		if kind == cluster.KindDone && record != "" {
+			m.Header.Set(cluster.HeaderRecord, record)
 		}
 		m.Data = data
 		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -340,6 +346,12 @@ func (w *fakeWorker) run(ctx context.Context, msg jetstream.Msg) error {
 		return err
 	}
 	done, _ := json.Marshal(cluster.Done{})
+	// As rollbox worker does: the final document rides with the Done.
+	if doc, err := os.ReadFile(filepath.Join(w.f.dir, item.EpisodeID+".json")); err == nil && len(doc) <= cluster.MaxRecordInDone {
+		doc = bytes.TrimSuffix(doc, []byte{'\n'})
+		record = strconv.Itoa(len(doc))
+		done = append(append(done, '\n'), doc...)
+	}
 	ended := time.Now()
 	for {
 		if err := publish(cluster.KindDone, done); err != nil {
