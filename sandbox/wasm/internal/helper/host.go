@@ -82,6 +82,9 @@ type Process struct {
 	death   error
 	byHost  bool // the host killed it
 	waitErr error
+	// exited is closed once Wait returned: waitErr and the command's
+	// ProcessState are read only after it.
+	exited chan struct{}
 }
 
 // run is the exec in flight.
@@ -143,7 +146,7 @@ func Start(ctx context.Context, opts StartOptions) (*Process, error) {
 	}
 	mine := os.NewFile(uintptr(fds[0]), "helper")
 	theirs := os.NewFile(uintptr(fds[1]), "helper-end")
-	p := &Process{opts: opts, stderr: &tail{}, dead: make(chan struct{})}
+	p := &Process{opts: opts, stderr: &tail{}, dead: make(chan struct{}), exited: make(chan struct{})}
 	cmd := exec.Command(opts.Command[0], opts.Command[1:]...)
 	cmd.ExtraFiles = []*os.File{theirs} // fd 3
 	cmd.Env = []string{"ROLLBOX_WASM_HELPER=3", "GOTRACEBACK=single"}
@@ -162,6 +165,7 @@ func Start(ctx context.Context, opts StartOptions) (*Process, error) {
 	p.conn = newConn(mine)
 	go func() {
 		p.waitErr = cmd.Wait()
+		close(p.exited)
 		mine.Close()
 	}()
 	fail := func(err error) (*Process, error) {
@@ -300,12 +304,14 @@ func (p *Process) serve() {
 	p.mu.Unlock()
 	p.kill()
 	// Wait for the process to report how it ended.
-	deadline := time.Now().Add(2 * time.Second)
-	for p.cmd.ProcessState == nil && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
+	var st *os.ProcessState
+	select {
+	case <-p.exited:
+		st = p.cmd.ProcessState
+	case <-time.After(2 * time.Second):
 	}
 	cause := "connection lost: " + err.Error()
-	if st := p.cmd.ProcessState; st != nil {
+	if st != nil {
 		cause = st.String()
 		if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL && p.cg != nil && p.cg.oomKilled() {
 			cause = "killed by its memory limit (cgroup)"
