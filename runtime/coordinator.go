@@ -66,7 +66,7 @@ type dispatched struct {
 }
 
 // claimRecord is an attempt as the coordinator keeps it on disk
-// (DATA/cluster/claims/<episode>.json), so that a restarted coordinator
+// (a line of DATA/cluster/claims.log, claimLog), so that a restarted coordinator
 // knows who runs what and whether it asked the policy.
 type claimRecord struct {
 	Attempt    int    `json:"attempt"`
@@ -93,7 +93,7 @@ type workerState struct {
 // coordinator dispatches a Server's episodes to workers and stores what
 // they journal back. Its own files are under DATA/cluster: journals/ (the
 // journals of the episodes in flight, apart from the single-host ones so
-// that a restart's recovery leaves them be) and claims/.
+// that a restart's recovery leaves them be) and claims.log.
 type coordinator struct {
 	s  *Server
 	nc *nats.Conn
@@ -103,7 +103,7 @@ type coordinator struct {
 	js          jetstream.JetStream
 	heartbeat   time.Duration
 	journalsDir string
-	claimsDir   string
+	claims      *claimLog
 	started     time.Time
 	// resumed is closed once the rollouts a previous process left are
 	// dispatched again: the journal is consumed only then.
@@ -143,13 +143,16 @@ func newCoordinator(s *Server, o ClusterOptions) (*coordinator, error) {
 	}
 	c := &coordinator{s: s, nc: nc, ctl: ctl, js: js, heartbeat: o.Heartbeat, eps: map[string]*dispatched{},
 		workers: map[string]*workerState{}, files: map[string]*os.File{}, started: time.Now(), resumed: make(chan struct{}),
-		journalsDir: filepath.Join(s.st.dir, "cluster", "journals"), claimsDir: filepath.Join(s.st.dir, "cluster", "claims")}
-	for _, d := range []string{c.journalsDir, c.claimsDir} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			nc.Close()
-			ctl.Close()
-			return nil, fmt.Errorf("cluster: %w", err)
-		}
+		journalsDir: filepath.Join(s.st.dir, "cluster", "journals")}
+	if err := os.MkdirAll(c.journalsDir, 0o755); err != nil {
+		nc.Close()
+		ctl.Close()
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	if c.claims, err = openClaimLog(filepath.Join(s.st.dir, "cluster")); err != nil {
+		nc.Close()
+		ctl.Close()
+		return nil, err
 	}
 	if c.heartbeat <= 0 {
 		c.heartbeat = cluster.DefaultHeartbeat
@@ -180,29 +183,20 @@ func (c *coordinator) journalPath(id string) string {
 	return filepath.Join(c.journalsDir, id+trajectory.PartialSuffix)
 }
 
-// saveClaim keeps an attempt's claim on disk (see claimRecord).
+// saveClaim keeps an attempt's claim on disk (see claimRecord, claimLog).
 func (c *coordinator) saveClaim(id string, cl claimRecord) {
-	b, _ := json.Marshal(cl)
-	if err := os.WriteFile(filepath.Join(c.claimsDir, id+".json"), b, 0o644); err != nil {
+	if err := c.claims.save(id, cl); err != nil {
 		c.s.log.Error("cluster: keeping a claim", "episode", id, "err", err)
 	}
 }
 
-func (c *coordinator) readClaim(id string) (claimRecord, bool) {
-	var cl claimRecord
-	b, err := os.ReadFile(filepath.Join(c.claimsDir, id+".json"))
-	if err != nil {
-		return cl, false
-	}
-	if json.Unmarshal(b, &cl) != nil {
-		// Torn as the process died: it asked, to be safe (no silent
-		// re-run of a sampled episode).
-		cl.Asked = true
-	}
-	return cl, true
-}
+func (c *coordinator) readClaim(id string) (claimRecord, bool) { return c.claims.get(id) }
 
-func (c *coordinator) dropClaim(id string) { os.Remove(filepath.Join(c.claimsDir, id+".json")) }
+func (c *coordinator) dropClaim(id string) {
+	if err := c.claims.drop(id); err != nil {
+		c.s.log.Error("cluster: dropping a claim", "episode", id, "err", err)
+	}
+}
 
 // run consumes the core subjects and, once the rollouts a previous process
 // left are dispatched again, the journal stream, until ctx ends.
@@ -274,6 +268,7 @@ func (c *coordinator) run(ctx context.Context) error {
 func (c *coordinator) close() {
 	c.nc.Drain()
 	c.ctl.Drain()
+	c.claims.close()
 	c.mu.Lock()
 	for id, f := range c.files {
 		f.Close()
