@@ -105,8 +105,12 @@ func probe(rep *audit.Report, name string) audit.Probe {
 }
 
 func TestTheDefaultSpecPassesEveryProbe(t *testing.T) {
+	// The runtimes' audits are independent (a backend and a sandbox each,
+	// every probe judged inside its own sandbox or by its own container's
+	// host view) and mostly wait on the engine: run them side by side.
 	for _, rt := range []string{sandbox.RuntimeRunc, sandbox.RuntimeRunsc} {
 		t.Run(rt, func(t *testing.T) {
+			t.Parallel()
 			b := dockerBackend(t, docker.Unsafe{})
 			rep := run(t, b, sandbox.Spec{Image: "base", Runtime: rt})
 			if len(rep.Probes) != len(audit.Names()) {
@@ -150,6 +154,7 @@ func TestLoosenedSandboxesFailTheProbesThatCoverThem(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel() // a backend and a sandbox of its own
 			b := dockerBackend(t, tt.unsafe)
 			spec := tt.spec
 			spec.Image = "base"

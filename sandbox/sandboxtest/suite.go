@@ -55,28 +55,43 @@ func Run(t *testing.T, backend sandbox.Backend, opts Options) {
 		opts.OOMCommand = `x=a; while true; do x="$x$x$x$x"; done`
 	}
 	s := &suite{backend: backend, opts: opts}
-	t.Run("exec reports exit codes", s.exitCodes)
-	t.Run("argv runs without a shell", s.argv)
-	t.Run("stdin reaches the command", s.stdin)
-	t.Run("env and workdir apply", s.envWorkdir)
-	t.Run("a missing program is exit 127, not an error", s.missingProgram)
-	t.Run("signals are reported", s.signals)
-	t.Run("a timeout kills the command and its children and keeps earlier output", s.timeout)
-	t.Run("an idle command is stopped like a timeout", s.idle)
-	t.Run("cancelling the context stops the command", s.cancel)
-	t.Run("a 1 GB flood comes back capped with the dropped count", s.flood)
-	t.Run("an out-of-memory command is reported as OOM", s.oom)
-	t.Run("a fork bomb stays inside the pids limit and the sandbox still answers", s.forkBomb)
-	t.Run("network egress fails", s.network)
-	t.Run("commands can write the workdir and /tmp", s.writableDirs)
-	t.Run("files round-trip byte-exact", s.files)
-	t.Run("reading a missing file is ErrNotFound", s.missingFile)
-	t.Run("paths outside the sandbox are refused", s.pathEscape)
-	t.Run("100 concurrent execs in one sandbox", s.concurrent)
-	t.Run("close during a running exec", s.closeWhileBusy)
-	t.Run("after close nothing remains", s.nothingRemains)
-	t.Run("a fork carries the files, each copy changes alone, and nothing remains", s.fork)
-	t.Run("an invalid spec is refused before anything starts", s.invalidSpec)
+	// Each test makes and closes sandboxes of its own and judges only
+	// them (Remains is asked about one sandbox's ID): they run side by
+	// side (up to -test.parallel at once), most of their time being
+	// spent waiting on the sandbox.
+	for _, tc := range []struct {
+		name string
+		test func(*testing.T)
+	}{
+		// The longest first (on gVisor: a minute), the rest beside it.
+		{"a 1 GB flood comes back capped with the dropped count", s.flood},
+		{"exec reports exit codes", s.exitCodes},
+		{"argv runs without a shell", s.argv},
+		{"stdin reaches the command", s.stdin},
+		{"env and workdir apply", s.envWorkdir},
+		{"a missing program is exit 127, not an error", s.missingProgram},
+		{"signals are reported", s.signals},
+		{"a timeout kills the command and its children and keeps earlier output", s.timeout},
+		{"an idle command is stopped like a timeout", s.idle},
+		{"cancelling the context stops the command", s.cancel},
+		{"an out-of-memory command is reported as OOM", s.oom},
+		{"a fork bomb stays inside the pids limit and the sandbox still answers", s.forkBomb},
+		{"network egress fails", s.network},
+		{"commands can write the workdir and /tmp", s.writableDirs},
+		{"files round-trip byte-exact", s.files},
+		{"reading a missing file is ErrNotFound", s.missingFile},
+		{"paths outside the sandbox are refused", s.pathEscape},
+		{"100 concurrent execs in one sandbox", s.concurrent},
+		{"close during a running exec", s.closeWhileBusy},
+		{"after close nothing remains", s.nothingRemains},
+		{"a fork carries the files, each copy changes alone, and nothing remains", s.fork},
+		{"an invalid spec is refused before anything starts", s.invalidSpec},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.test(t)
+		})
+	}
 }
 
 type suite struct {
