@@ -90,8 +90,9 @@ func TestAuditOfATasksWASMSandboxPassesAndLogsItsCalls(t *testing.T) {
 }
 
 func TestAuditOfABridgeNetworkSaysSoAndFails(t *testing.T) {
+	t.Parallel() // waits on its containers
 	needDocker(t)
-	t.Setenv("ROLLBOX_OWNER", "rollbox-test-audit")
+	setEnv(t, "ROLLBOX_OWNER", "rollbox-test-audit")
 	code, out, stderr := rollbox(t, "audit", "--network", "bridge", "--json")
 	if code != exitFailure {
 		t.Fatalf("exit %d, want 1: %s", code, stderr)

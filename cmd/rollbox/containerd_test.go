@@ -34,8 +34,9 @@ func needContainerd(t *testing.T) {
 }
 
 func TestAuditOnContainerdPassesEveryProbe(t *testing.T) {
+	t.Parallel() // waits on its containers
 	needContainerd(t)
-	t.Setenv("ROLLBOX_OWNER", "rollbox-test-audit-containerd")
+	setEnv(t, "ROLLBOX_OWNER", "rollbox-test-audit-containerd")
 	code, out, stderr := rollbox(t, "audit", "--backend", "containerd", "--json")
 	rep := decodeAudit(t, out)
 	for _, p := range rep.Probes {

@@ -28,6 +28,7 @@ import (
 // second gc finds nothing, and that the killed run's trajectories recover
 // as interrupted.
 func TestGCAfterAKilledRunLeavesNothing(t *testing.T) {
+	t.Parallel() // waits on its processes and containers (its own owners, TMPDIR and lease directory)
 	needDocker(t)
 	ctx := context.Background()
 	dir := t.TempDir()

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/rollbox/rollbox/agent"
@@ -16,8 +17,40 @@ import (
 func rollbox(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
 	var out, errb bytes.Buffer
-	code := run(context.Background(), &cliEnv{stdin: strings.NewReader(""), stdout: &out, stderr: &errb, self: testSelf}, args)
+	code := run(context.Background(), &cliEnv{stdin: strings.NewReader(""), stdout: &out, stderr: &errb, self: testSelf, getenv: testGetenv(t)}, args)
 	return code, out.String(), errb.String()
+}
+
+// testEnv holds the variables setEnv set, by test name.
+var testEnv sync.Map // string -> map[string]string
+
+// setEnv sets key to value in the environment rollbox(t, ...) reads, for t
+// and its subtests, and not in the process's: unlike t.Setenv, a test that
+// sets its own (its containers' owner label) may run in parallel.
+func setEnv(t *testing.T, key, value string) {
+	t.Helper()
+	m, _ := testEnv.LoadOrStore(t.Name(), map[string]string{})
+	m.(map[string]string)[key] = value
+	t.Cleanup(func() { testEnv.Delete(t.Name()) })
+}
+
+// testGetenv reads what setEnv set for t or a test above it, else the
+// process's environment.
+func testGetenv(t *testing.T) func(string) string {
+	return func(key string) string {
+		for name := t.Name(); ; {
+			if m, ok := testEnv.Load(name); ok {
+				if v, ok := m.(map[string]string)[key]; ok {
+					return v
+				}
+			}
+			i := strings.LastIndexByte(name, '/')
+			if i < 0 {
+				return os.Getenv(key)
+			}
+			name = name[:i]
+		}
+	}
 }
 
 func TestIndexBuildThenSearch(t *testing.T) {

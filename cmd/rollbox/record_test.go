@@ -29,7 +29,11 @@ func TestMain(m *testing.M) {
 		stop()
 		os.Exit(code)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if exampleRunsDir != "" {
+		os.RemoveAll(exampleRunsDir)
+	}
+	os.Exit(code)
 }
 
 // testSelf is cliEnv.self for tests: this test binary, which runs rollbox

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/rollbox/rollbox/agent/trajectory"
@@ -13,12 +14,18 @@ import (
 )
 
 // recordRun runs a task file with a scripted policy and returns the
-// trajectories by task id.
+// trajectories by task id, in a directory of the test's own.
 func recordRun(t *testing.T, tasks, policy string) map[string]string {
 	t.Helper()
 	out := t.TempDir()
-	code, _, stderr := rollbox(t, "run", "--tasks", tasks, "--policy", "scripted:"+policy, "--out", out)
-	if code != 0 {
+	if strings.HasPrefix(tasks, "../../examples/") && strings.HasPrefix(policy, "../../examples/") {
+		// An example's run is the same for every test that reads it: run
+		// it once and give each test a copy (seven tests read the coding
+		// example's).
+		if err := os.CopyFS(out, os.DirFS(exampleRun(t, tasks, policy))); err != nil {
+			t.Fatal(err)
+		}
+	} else if code, _, stderr := rollbox(t, "run", "--tasks", tasks, "--policy", "scripted:"+policy, "--out", out); code != 0 {
 		t.Fatalf("rollbox run: exit %d: %s", code, stderr)
 	}
 	files, _ := filepath.Glob(filepath.Join(out, "episodes", "*.json"))
@@ -31,6 +38,55 @@ func recordRun(t *testing.T, tasks, policy string) map[string]string {
 		byTask[tr.TaskID] = f
 	}
 	return byTask
+}
+
+// exampleRuns are the example runs recordRun made, by task and policy file,
+// under exampleRunsDir (removed by TestMain).
+var (
+	exampleRunsMu  sync.Mutex
+	exampleRuns    = map[[2]string]*exampleRunResult{}
+	exampleRunsDir string
+)
+
+type exampleRunResult struct {
+	once sync.Once
+	out  string
+	err  error
+}
+
+// exampleRun runs an example's tasks with its scripted policy once per
+// test binary and returns the run's directory (never to be written).
+func exampleRun(t *testing.T, tasks, policy string) string {
+	t.Helper()
+	exampleRunsMu.Lock()
+	r := exampleRuns[[2]string{tasks, policy}]
+	if r == nil {
+		r = &exampleRunResult{}
+		exampleRuns[[2]string{tasks, policy}] = r
+	}
+	exampleRunsMu.Unlock()
+	r.once.Do(func() {
+		exampleRunsMu.Lock()
+		if exampleRunsDir == "" {
+			exampleRunsDir, r.err = os.MkdirTemp("", "rollbox-cmd-test-runs-")
+		}
+		base := exampleRunsDir
+		exampleRunsMu.Unlock()
+		if r.err != nil {
+			return
+		}
+		r.out, r.err = os.MkdirTemp(base, "run-")
+		if r.err != nil {
+			return
+		}
+		if code, _, stderr := rollbox(t, "run", "--tasks", tasks, "--policy", "scripted:"+policy, "--out", r.out); code != 0 {
+			r.err = fmt.Errorf("rollbox run: exit %d: %s", code, stderr)
+		}
+	})
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	return r.out
 }
 
 // editTrajectory copies a trajectory file with a change made to its JSON.
@@ -124,8 +180,9 @@ const dockerReplayScript = `{"task_id": "py-steps", "turns": [
  {"tool_calls": [{"name": "finish", "arguments": {}}]}]}`
 
 func TestReplayOfADockerEpisodeMatchesAndAnAlteredOutputIsFoundAtItsStep(t *testing.T) {
+	t.Parallel() // waits on its containers
 	needDocker(t)
-	t.Setenv("ROLLBOX_OWNER", "rollbox-test-cmd")
+	setEnv(t, "ROLLBOX_OWNER", "rollbox-test-cmd")
 	dir := t.TempDir()
 	tasks := writeFile(t, dir, "tasks.jsonl", strings.Join(strings.Fields(dockerReplayTask), " "))
 	script := writeFile(t, dir, "script.jsonl", strings.Join(strings.Fields(dockerReplayScript), " "))

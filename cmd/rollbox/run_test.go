@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/rollbox/rollbox/agent/trajectory"
@@ -105,10 +106,18 @@ func writeFile(t *testing.T, dir, name, content string) string {
 	return p
 }
 
+// dockerAnswered: needDocker found the engine and the python image.
+var dockerAnswered atomic.Bool
+
 // needDocker skips without an engine and the python image, except under
 // CI=true, where .ci/run has started the engine and built the images.
+// Once a sandbox of the python image started, later tests do not start
+// another to find out.
 func needDocker(t *testing.T) {
 	t.Helper()
+	if dockerAnswered.Load() {
+		return
+	}
 	ctx := context.Background()
 	be, err := openDocker(ctx, os.Stderr, readConfig(os.Getenv))
 	if err == nil {
@@ -117,6 +126,7 @@ func needDocker(t *testing.T) {
 		sb, err = be.Create(ctx, sandbox.Spec{Image: "python"})
 		if err == nil {
 			sb.Close()
+			dockerAnswered.Store(true)
 			return
 		}
 	}
@@ -127,9 +137,10 @@ func needDocker(t *testing.T) {
 }
 
 func TestRunTheDockerExamplesWithPytest(t *testing.T) {
+	t.Parallel() // waits on its containers
 	needDocker(t)
 	out := t.TempDir()
-	t.Setenv("ROLLBOX_OWNER", "rollbox-test-cmd")
+	setEnv(t, "ROLLBOX_OWNER", "rollbox-test-cmd")
 	code, _, stderr := rollbox(t, "run", "--tasks", "../../examples/coding/docker-tasks.jsonl",
 		"--policy", "scripted:../../examples/coding/policy.jsonl", "--out", out)
 	if code != 0 {

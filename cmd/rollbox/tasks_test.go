@@ -74,8 +74,9 @@ func problems(r *taskimport.Result, sev taskimport.Severity) string {
 }
 
 func TestImportedSWEBenchInstancesScoreSolveFailCheat(t *testing.T) {
+	t.Parallel() // waits on its containers
 	needDocker(t)
-	t.Setenv("ROLLBOX_OWNER", "rollbox-test-import")
+	setEnv(t, "ROLLBOX_OWNER", "rollbox-test-import")
 	dir := t.TempDir()
 	repos := filepath.Join(dir, "repos")
 	if out, err := exec.Command("bash", filepath.Join(importExamples, "swebench", "make-repos.sh"), repos).CombinedOutput(); err != nil {
@@ -148,8 +149,9 @@ func TestImportedSWEBenchInstancesScoreSolveFailCheat(t *testing.T) {
 }
 
 func TestImportedHarborTaskScoresSolveFailCheat(t *testing.T) {
+	t.Parallel() // waits on its containers
 	needDocker(t)
-	t.Setenv("ROLLBOX_OWNER", "rollbox-test-import")
+	setEnv(t, "ROLLBOX_OWNER", "rollbox-test-import")
 	dir := t.TempDir()
 	tasks := filepath.Join(dir, "tb.jsonl")
 	rep, text := importReport(t, 0, "--format", "harbor", filepath.Join(importExamples, "harbor"), "--out", tasks)
@@ -474,8 +476,9 @@ func TestImportReadsNothingOutsideItsSource(t *testing.T) {
 // and edits that test to match scores 0; one whose module forges pytest's
 // reports scores 0 (the canaries); the honest fix scores 1.
 func TestImportedTestsTheAgentEditsDoNotCount(t *testing.T) {
+	t.Parallel() // waits on its containers
 	needDocker(t)
-	t.Setenv("ROLLBOX_OWNER", "rollbox-test-import-p2p")
+	setEnv(t, "ROLLBOX_OWNER", "rollbox-test-import-p2p")
 	dir := t.TempDir()
 	repos := filepath.Join(dir, "repos")
 	writeTree(t, filepath.Join(repos, "acme__m-1"), map[string]string{
@@ -536,8 +539,9 @@ func TestImportedTestsTheAgentEditsDoNotCount(t *testing.T) {
 // verifier puts the hidden tests (the agent's files there would be copied
 // beside them) is refused.
 func TestHarborImportReadsNothingOutsideItsTask(t *testing.T) {
+	t.Parallel() // waits on its containers
 	needDocker(t)
-	t.Setenv("ROLLBOX_OWNER", "rollbox-test-import-harbor-links")
+	setEnv(t, "ROLLBOX_OWNER", "rollbox-test-import-harbor-links")
 	dir := t.TempDir()
 	secret := "HOST-SECRET-" + filepath.Base(dir)
 	os.WriteFile(filepath.Join(dir, "secret.txt"), []byte(secret+"\n"), 0o644)
