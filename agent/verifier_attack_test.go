@@ -370,6 +370,7 @@ func (r attackResult) rewardString() string {
 }
 
 func TestTheVerifierResistsRewardHacksOnRunc(t *testing.T) {
+	t.Parallel() // sandboxes of its own; the longest tests of the package, run side by side
 	f := dockerFactory(t)
 	// runc runs the legacy shape (what existing tasks get by default), and
 	// the named shape where the legacy one is weak and for the controls;
@@ -389,6 +390,7 @@ func TestTheVerifierResistsRewardHacksOnRunc(t *testing.T) {
 }
 
 func TestTheVerifierResistsRewardHacksOnGVisor(t *testing.T) {
+	t.Parallel() // sandboxes of its own; the longest tests of the package, run side by side
 	f := dockerFactory(t)
 	// gVisor is slow to start and to make files: the named shape only (the
 	// legacy one is runc's test; ROLLBOX_ATTACK_LEGACY=1 or
@@ -403,6 +405,7 @@ func TestTheVerifierResistsRewardHacksOnGVisor(t *testing.T) {
 }
 
 func TestTheVerifierResistsRewardHacksOnWASM(t *testing.T) {
+	t.Parallel() // sandboxes of its own; the longest tests of the package, run side by side
 	f := wasmFactory(t)
 	runAttacks(t, recommended(attacks), map[string]func() (*agent.Task, agent.SandboxFactory){
 		"wasm-py":     func() (*agent.Task, agent.SandboxFactory) { return attackTask(t, "wasm-py", ""), f },
@@ -413,6 +416,7 @@ func TestTheVerifierResistsRewardHacksOnWASM(t *testing.T) {
 }
 
 func TestTheVerifierRunsWithTheTasksEnvironmentAndConfiguration(t *testing.T) {
+	t.Parallel() // sandboxes of its own; the longest tests of the package, run side by side
 	f := dockerFactory(t)
 	run := func(t *testing.T, task *agent.Task, turns ...agent.Turn) *trajectory.Trajectory {
 		t.Helper()
