@@ -145,3 +145,31 @@ func TestSearchTasksShareOneIndexAndGetALedgerEach(t *testing.T) {
 		t.Errorf("missing index: %v", err)
 	}
 }
+
+func TestSetEnvReachesTheCommandsAndSubtestsNotTheProcess(t *testing.T) {
+	const key = "ROLLBOX_TEST_SETENV"
+	setEnv(t, key, "set")
+	if got := testGetenv(t)(key); got != "set" {
+		t.Errorf("the test reads %q, want set", got)
+	}
+	t.Run("a subtest", func(t *testing.T) {
+		if got := testGetenv(t)(key); got != "set" {
+			t.Errorf("its subtest reads %q, want set", got)
+		}
+		setEnv(t, key, "sub")
+		if got := testGetenv(t)(key); got != "sub" {
+			t.Errorf("a subtest's own reads %q, want sub", got)
+		}
+	})
+	if got := testGetenv(t)(key); got != "set" {
+		t.Errorf("after the subtest the test reads %q, want set", got)
+	}
+	if v, ok := os.LookupEnv(key); ok {
+		t.Errorf("the process's environment has %s=%q", key, v)
+	}
+	// What the command reads: rollbox's config through cliEnv.getenv.
+	setEnv(t, "ROLLBOX_OWNER", "rollbox-test-setenv")
+	if c := readConfig(testGetenv(t)); c.owner != "rollbox-test-setenv" {
+		t.Errorf("the command's owner is %q", c.owner)
+	}
+}
