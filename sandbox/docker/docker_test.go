@@ -109,6 +109,7 @@ func remains(t *testing.T, info sandbox.Info) []string {
 }
 
 func TestConformance(t *testing.T) {
+	t.Parallel() // beside the other conformance runs: their sandboxes are their own
 	for _, rt := range []string{sandbox.RuntimeRunc, sandbox.RuntimeRunsc} {
 		t.Run(rt, func(t *testing.T) {
 			t.Parallel()

@@ -109,6 +109,7 @@ func removeTinyImages(ctx context.Context) {
 // image): /tmp is still a 1777 tmpfs and the workdir the commands' own, so
 // the whole conformance suite passes on it.
 func TestConformanceOnImagesWithoutAUsableTmp(t *testing.T) {
+	t.Parallel() // beside the other conformance runs: their sandboxes are their own
 	for _, kind := range []string{"tmp0755", "notmp"} {
 		t.Run(kind, func(t *testing.T) {
 			t.Parallel()
