@@ -237,7 +237,7 @@ func (f *fullDisk) WriteFile(ctx context.Context, p string, data []byte, mode fs
 }
 
 func TestWhatTheAgentLeftThatCannotBeVerifiedScoresZero(t *testing.T) {
-	t.Parallel() // sandboxes of its own; the longest tests of the package, run side by side
+	t.Parallel() // WASM sandboxes of its own, beside the gVisor test
 	t.Run("files that do not fit the verifier's sandbox", func(t *testing.T) {
 		r := &roles{verifier: func(i int, sb sandbox.Sandbox) (sandbox.Sandbox, error) { return &fullDisk{sb}, nil }}
 		tr := runEpisode(t, attackTask(t, "wasm-py", ""), &turnsPolicy{turns: []agent.Turn{bash(honestPy), write("/work/fill1", "x"), finish}},
