@@ -205,7 +205,10 @@ func BenchmarkCoordinatorOverhead(b *testing.B) {
 	// Slots of each of the two workers: both share this host's two cores
 	// with the coordinator and NATS; at 1,000 slots each a worker's
 	// heartbeat came more than 3 s late and the coordinator took it for
-	// lost.
+	// lost, before a suspect worker was pinged (6df9daf). Since, at 1,000
+	// slots (ROLLBOX_BENCH_WORKER_SLOTS=1000) every episode finished and no
+	// worker was lost, on 6f821cc and on e7f9588 (heartbeats on their own
+	// connection) alike.
 	workerSlots := envInt("ROLLBOX_BENCH_WORKER_SLOTS", 250)
 	if v := os.Getenv("ROLLBOX_BENCH_LATENCY"); v != "" {
 		d, err := time.ParseDuration(v)
