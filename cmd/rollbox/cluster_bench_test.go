@@ -207,7 +207,7 @@ func BenchmarkCoordinatorOverhead(b *testing.B) {
 	// heartbeat came more than 3 s late and the coordinator took it for
 	// lost, before a suspect worker was pinged (6df9daf). Since, at 1,000
 	// slots (ROLLBOX_BENCH_WORKER_SLOTS=1000) every episode finished and no
-	// worker was lost, on 6f821cc and on e7f9588 (heartbeats on their own
+	// worker was lost, on 6f821cc and on c5ff253 (heartbeats on their own
 	// connection) alike.
 	workerSlots := envInt("ROLLBOX_BENCH_WORKER_SLOTS", 250)
 	if v := os.Getenv("ROLLBOX_BENCH_LATENCY"); v != "" {
