@@ -12,10 +12,20 @@ import (
 	"github.com/rollbox/rollbox/agent/trajectory"
 )
 
+// SubagentLeftovers lists what a stopped process left of its
+// orchestrators' sub-episodes in dir (an episodes directory), for
+// RecoverSubagents: list it, and the orchestrators' journals, before any
+// new episode starts in dir.
+func SubagentLeftovers(dir string) (*trajectory.Leftovers, error) {
+	return trajectory.FindLeftovers(filepath.Join(dir, SubagentsDir))
+}
+
 // RecoverSubagents accounts for the sub-episodes a stopped process left in
 // dir (an episodes directory: orchestrators' journals in it, their
 // sub-episodes under dir/subagents), before the orchestrators' own journals
-// are recovered (trajectory.RecoverDir on dir):
+// are recovered (orchestrators.Recover): of the orchestrators whose
+// journals are listed in orchestrators, with their sub-episodes' journals
+// listed in subs (SubagentLeftovers), never another's:
 //
 //   - every sub-episode journal becomes its record, interrupted like its
 //     parent, with the steps it had recorded;
@@ -27,14 +37,18 @@ import (
 //
 // It is idempotent: a crash in the middle is finished by the next call. It
 // returns the ids of the sub-episodes it added to their orchestrators.
-func RecoverSubagents(dir string) (added []string, err error) {
+func RecoverSubagents(dir string, orchestrators, subs *trajectory.Leftovers) (added []string, err error) {
 	subDir := filepath.Join(dir, SubagentsDir)
 	if _, err := os.Stat(subDir); errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	var errs []error
-	if _, _, err := trajectory.RecoverDir(subDir); err != nil {
+	if _, _, err := subs.Recover(); err != nil {
 		errs = append(errs, err)
+	}
+	left := make(map[string]bool, len(orchestrators.Journals))
+	for _, p := range orchestrators.Journals {
+		left[p] = true
 	}
 	records, err := filepath.Glob(filepath.Join(subDir, "*.json"))
 	if err != nil {
@@ -48,6 +62,9 @@ func RecoverSubagents(dir string) (added []string, err error) {
 			continue
 		}
 		partial := filepath.Join(dir, id[:i]+trajectory.PartialSuffix)
+		if !left[partial] {
+			continue // ended, or an orchestrator of this process's
+		}
 		if _, err := os.Stat(partial); err == nil {
 			children[partial] = append(children[partial], p)
 		}

@@ -84,23 +84,43 @@ func readOutcome(path string) (*outcome, error) {
 	return &o, nil
 }
 
-// recover finalises what a previous process left, in bulk: every journal
+// leftovers are the journals and half-written records a previous process
+// left, listed when the service opens: the recovery touches those only,
+// never the files of the episodes this process starts while it recovers.
+type leftovers struct {
+	journals, subagents *trajectory.Leftovers
+}
+
+// findLeftovers lists them in the episodes directory dir.
+func findLeftovers(dir string) (*leftovers, error) {
+	j, err := trajectory.FindLeftovers(dir)
+	if err != nil {
+		return nil, err
+	}
+	sub, err := agent.SubagentLeftovers(dir)
+	if err != nil {
+		return nil, err
+	}
+	return &leftovers{journals: j, subagents: sub}, nil
+}
+
+// recover finalises what a previous process left (left), in bulk: every journal
 // becomes a record (interrupted unless it had ended) in one pass made
 // durable by one file-system sync; every episode of an unfinished rollout
 // that never started is recorded interrupted the same way; then the index
 // learns all of it in one transaction. It is idempotent: a crash in the
 // middle is recovered by the next start. The service listens meanwhile.
-func (s *Server) recover(unfinished []*rolloutRecord) (*Recovery, error) {
+func (s *Server) recover(unfinished []*rolloutRecord, left *leftovers) (*Recovery, error) {
 	start := time.Now()
 	rec := &Recovery{}
 	// Sub-episodes first: each interrupted orchestrator's journal then
 	// names all of its sub-episodes when it becomes a record.
-	subs, err := agent.RecoverSubagents(s.st.episodesDir)
+	subs, err := agent.RecoverSubagents(s.st.episodesDir, left.journals, left.subagents)
 	if err != nil {
 		s.log.Error("some sub-episodes could not be recovered", "err", err)
 	}
 	rec.Subagents = subs
-	_, dropped, err := trajectory.RecoverDir(s.st.episodesDir)
+	_, dropped, err := left.journals.Recover()
 	if err != nil {
 		// A journal that cannot be read is left where it is; its episode
 		// is recorded below as the index knows it.

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/internal/fakepolicy"
 	"github.com/rollbox/rollbox/runtime"
@@ -283,13 +284,25 @@ func TestTheServiceAnswersWhileItRecovers(t *testing.T) {
 			t.Errorf("%s %s while recovering: %d %+v", req.method, req.path, code, e)
 		}
 	}
-	// ... new work does not.
-	if code, _ := b.do("POST", "/v1/rollouts", rolloutBody(p, 1, task("new")), nil); code != 201 {
+	// ... new work does not, and the recovery leaves its journals alone:
+	// a rollout's episode and an environment episode, both in flight (a
+	// step recorded) when the recovery runs, end as they would have.
+	p2, release2 := blockingPolicy(t)
+	var fresh struct{ ID string }
+	if code, _ := b.do("POST", "/v1/rollouts", rolloutBody(p2, 1, task("new")), &fresh); code != 201 {
 		t.Errorf("POST /v1/rollouts while recovering: %d", code)
 	}
 	var opened struct{ ID string }
 	if code, _ := b.do("POST", "/v1/episodes", map[string]any{"task": task("new-env")}, &opened); code != 201 {
 		t.Errorf("POST /v1/episodes while recovering: %d", code)
+	}
+	if code, r := bash(b, opened.ID, "echo before > /work/x; echo ok"); code != 200 || r.Results[0].Output != "ok\n" {
+		t.Fatalf("step while recovering: %d %+v", code, r)
+	}
+	for deadline := time.Now().Add(10 * time.Second); p2.Calls() < 2; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the new rollout's episode never asked for its second turn (%d calls)", p2.Calls())
+		}
 	}
 	close(gate)
 	if _, err := srv.Recovered(context.Background()); err != nil {
@@ -298,7 +311,88 @@ func TestTheServiceAnswersWhileItRecovers(t *testing.T) {
 	if st := b.status(id); st.EpisodesDone != 3 || st.Ends["interrupted"] != 3 {
 		t.Errorf("after the recovery: %+v", st)
 	}
+	release2()
+	if st := b.waitState(fresh.ID, 20*time.Second, func(st status) bool { return st.State == "done" }); st.Ends["finished"] != 1 {
+		t.Errorf("the rollout submitted while recovering: %+v", st)
+	}
+	if code, r := bash(b, opened.ID, "cat /work/x"); code != 200 || r.Results[0].Output != "before\n" {
+		t.Errorf("step after the recovery: %d %+v", code, r)
+	}
+	var fin struct{ Reward *trajectory.Reward }
+	if code, _ := b.do("POST", "/v1/episodes/"+opened.ID+"/finish", map[string]any{"answer": "done"}, &fin); code != 200 || fin.Reward == nil {
+		t.Errorf("finish after the recovery: %d %+v", code, fin.Reward)
+	}
+	var tr trajectory.Trajectory
+	if code, _ := b.do("GET", "/v1/episodes/"+opened.ID, nil, &tr); code != 200 || tr.Termination == nil ||
+		tr.Termination.Reason != trajectory.EndFinished || len(tr.Steps) != 4 { // two bash calls, each a model and a tool step
+		t.Errorf("the environment episode's record: %d %+v, %d steps", code, tr.Termination, len(tr.Steps))
+	}
 	if h, code := b.health(); code != 200 || h.Status != runtime.HealthOK {
 		t.Errorf("healthz after the recovery: %d %+v", code, h)
+	}
+}
+
+// The recovery finalizes only what a previous process left: an
+// asynchronous orchestrator this process runs while it recovers, whose
+// sub-agents have ended but are not collected (so its journal does not
+// list them yet), keeps its journal as it is and names each sub-agent
+// once, when collected.
+func TestTheRecoveryLeavesTheSubagentsOfThisProcessAlone(t *testing.T) {
+	sub := startPolicy(t, fakepolicy.Config{Responder: fakepolicy.BashThenFinish(1)})
+	data := t.TempDir()
+	gate := make(chan struct{})
+	opts := runtime.Options{DataDir: data, Backends: wasmBackends(t)}
+	runtime.HoldRecovery(&opts, gate)
+	srv, err := runtime.Open(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	b := &service{t: t, srv: srv, http: hs, url: hs.URL, data: data}
+	tk := orchestratorTask("o", sub)
+	tk["orchestrator"].(map[string]any)["async"] = true
+	var opened struct{ ID string }
+	if code, _ := b.do("POST", "/v1/episodes", map[string]any{"task": tk}, &opened); code != 201 {
+		t.Fatalf("open: %d", code)
+	}
+	spawn := map[string]any{"tool_calls": []any{map[string]any{"id": "c1", "name": "spawn_subagents", "arguments": map[string]any{"tasks": []any{
+		map[string]any{"prompt": "look at a"}, map[string]any{"prompt": "look at b"}, map[string]any{"prompt": "look at c"}}}}}}
+	if code, _ := b.do("POST", "/v1/episodes/"+opened.ID+"/step", spawn, nil); code != 200 {
+		t.Fatalf("spawn: %d", code)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if done, _ := filepath.Glob(filepath.Join(data, "episodes", agent.SubagentsDir, "*.json")); len(done) == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the sub-agents never ended")
+		}
+	}
+	close(gate)
+	if _, err := srv.Recovered(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	collect := map[string]any{"tool_calls": []any{map[string]any{"id": "c2", "name": "wait", "arguments": map[string]any{}}}}
+	if code, _ := b.do("POST", "/v1/episodes/"+opened.ID+"/step", collect, nil); code != 200 {
+		t.Fatalf("wait: %d", code)
+	}
+	if code, _ := b.do("POST", "/v1/episodes/"+opened.ID+"/finish", map[string]any{"answer": "done"}, nil); code != 200 {
+		t.Fatalf("finish: %d", code)
+	}
+	var tr trajectory.Trajectory
+	if code, _ := b.do("GET", "/v1/episodes/"+opened.ID, nil, &tr); code != 200 || tr.Termination == nil || tr.Termination.Reason != trajectory.EndFinished {
+		t.Fatalf("record: %d %+v", code, tr.Termination)
+	}
+	seen := map[string]int{}
+	for _, sa := range tr.Subagents {
+		seen[sa.EpisodeID]++
+		if sa.CollectedStep == nil {
+			t.Errorf("sub-agent %s named as never collected: %+v", sa.EpisodeID, sa)
+		}
+	}
+	if len(seen) != 3 || len(tr.Subagents) != 3 {
+		t.Errorf("the record names %d sub-agents (%d distinct), want each of 3 once", len(tr.Subagents), len(seen))
 	}
 }

@@ -186,6 +186,14 @@ func Open(opts Options) (*Server, error) {
 		st.Close()
 		return nil, fmt.Errorf("reading %s: %w", opts.DataDir, err)
 	}
+	// What the previous process left is listed now, before this one starts
+	// an episode: the recovery, which runs while the service answers,
+	// finalizes those journals and never this process's own.
+	left, err := findLeftovers(st.episodesDir)
+	if err != nil {
+		st.Close()
+		return nil, fmt.Errorf("reading %s: %w", opts.DataDir, err)
+	}
 	s := &Server{opts: opts, limits: opts.Limits.withDefaults(), log: opts.Logger, st: st, registry: opts.Registry,
 		catalog: map[string]*agent.Task{}, rollouts: map[string]*rollout{}, env: map[string]*envEpisode{}, started: time.Now(),
 		recovering: map[string]bool{}, recovered: make(chan struct{})}
@@ -264,7 +272,7 @@ func Open(opts Options) (*Server, error) {
 		if s.coord != nil {
 			resumed, rest = s.coord.resume(unfinished)
 		}
-		rec, err := s.recover(rest)
+		rec, err := s.recover(rest, left)
 		if rec != nil {
 			rec.Resumed = resumed
 		}

@@ -625,22 +625,60 @@ func apply(t **Trajectory, jl journalLine) error {
 	return nil
 }
 
-// RecoverDir finalizes every journal left in dir: each becomes a
-// <episode_id>.json (interrupted unless it had ended) and the journal is
-// removed; the documents are made durable together (WriteFiles) before any
-// journal goes. A journal without a header (empty, or torn at its first
-// line: the disk filled as the episode began) holds nothing to keep: it is
-// removed and its episode id returned in dropped. A journal whose final
-// document is already there (a crash between the two) is removed, and so is
-// every half-written final document (.json.tmp). Journals are read in
-// parallel.
+// Leftovers are the files a stopped process left in an episodes
+// directory: its episodes' journals and half-written final documents. A
+// process that starts episodes in the directory while it recovers lists
+// them before it starts any (FindLeftovers) and recovers just those
+// (Recover): its own episodes' journals are never finalized under them.
+type Leftovers struct {
+	Dir      string
+	Journals []string // <episode_id>.json.partial
+	Temps    []string // <episode_id>.json.tmp
+}
+
+// FindLeftovers lists the journals and half-written documents in dir (none
+// when dir does not exist).
+func FindLeftovers(dir string) (*Leftovers, error) {
+	l := &Leftovers{Dir: dir}
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return l, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range entries {
+		switch name := e.Name(); {
+		case strings.HasSuffix(name, PartialSuffix):
+			l.Journals = append(l.Journals, filepath.Join(dir, name))
+		case strings.HasSuffix(name, ".json"+tmpSuffix):
+			l.Temps = append(l.Temps, filepath.Join(dir, name))
+		}
+	}
+	return l, nil
+}
+
+// RecoverDir finalizes every journal left in dir (FindLeftovers, then
+// Recover): for a directory no process writes to meanwhile.
 func RecoverDir(dir string) (recovered []*Trajectory, dropped []string, err error) {
-	matches, err := filepath.Glob(filepath.Join(dir, "*"+PartialSuffix))
+	l, err := FindLeftovers(dir)
 	if err != nil {
 		return nil, nil, err
 	}
-	tmps, _ := filepath.Glob(filepath.Join(dir, "*.json"+tmpSuffix))
-	for _, p := range tmps {
+	return l.Recover()
+}
+
+// Recover finalizes the journals listed: each becomes a <episode_id>.json
+// (interrupted unless it had ended) and the journal is removed; the
+// documents are made durable together (WriteFiles) before any journal goes.
+// A journal without a header (empty, or torn at its first line: the disk
+// filled as the episode began) holds nothing to keep: it is removed and its
+// episode id returned in dropped. A journal whose final document is already
+// there (a crash between the two) is removed, and so is every half-written
+// final document listed. Journals are read in parallel.
+func (l *Leftovers) Recover() (recovered []*Trajectory, dropped []string, err error) {
+	dir, matches := l.Dir, l.Journals
+	for _, p := range l.Temps {
 		os.Remove(p)
 	}
 	type result struct {
