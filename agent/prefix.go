@@ -244,6 +244,11 @@ func (g *PrefixGroup) runPrefix(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("prefix %s: %w", pcfg.EpisodeID, err)
 	}
+	// The group's forks follow the prefix: a backend that can make their
+	// sandboxes ahead does it while the prefix's turns run.
+	if p, ok := sandbox.Find[sandbox.ForkPreparer](s.sb); ok {
+		p.PrepareFork(max(1, g.Size))
+	}
 	for i, turn := range turns {
 		if _, ended, err := s.Step(ctx, turn); err != nil || ended {
 			s.Cancel(context.WithoutCancel(ctx), trajectory.EndCancelled, "the prefix failed")

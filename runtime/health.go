@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rollbox/rollbox/sandbox"
 )
 
 // Health statuses of GET /healthz.
@@ -117,6 +119,10 @@ var (
 		"1 when the data directory takes new work, 0 when it is below its reserve, full, read-only or failing.", []string{"state"}, nil)
 	healthDesc = prometheus.NewDesc("rollbox_health",
 		"1 for the service's current /healthz status.", []string{"status"}, nil)
+	forkSparesDesc = prometheus.NewDesc("rollbox_fork_spares_ready",
+		"Fresh sandboxes a backend keeps ready for forks (rollbox serve --fork-spares), by backend.", []string{"backend"}, nil)
+	forkChildrenDesc = prometheus.NewDesc("rollbox_fork_children_total",
+		"Sandboxes forks made, by backend and source: spare (taken ready) or cold (created for the fork).", []string{"backend", "source"}, nil)
 )
 
 func (c healthCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -125,6 +131,8 @@ func (c healthCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- storageFreeDesc
 	ch <- storageOKDesc
 	ch <- healthDesc
+	ch <- forkSparesDesc
+	ch <- forkChildrenDesc
 }
 
 func (c healthCollector) Collect(ch chan<- prometheus.Metric) {
@@ -138,6 +146,15 @@ func (c healthCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(backendUpDesc, prometheus.GaugeValue, v, name)
 		ch <- prometheus.MustNewConstMetric(backendOpenFailuresDesc, prometheus.CounterValue, float64(st.openFailures.Load()), name)
+		st.mu.Lock()
+		be := st.be
+		st.mu.Unlock()
+		if fs, ok := sandbox.Find[sandbox.ForkSpareStats](be); ok {
+			f := fs.ForkStats()
+			ch <- prometheus.MustNewConstMetric(forkSparesDesc, prometheus.GaugeValue, float64(f.SparesReady), name)
+			ch <- prometheus.MustNewConstMetric(forkChildrenDesc, prometheus.CounterValue, float64(f.FromSpares), name, "spare")
+			ch <- prometheus.MustNewConstMetric(forkChildrenDesc, prometheus.CounterValue, float64(f.Cold), name, "cold")
+		}
 	}
 	sh := c.s.storage.health()
 	ch <- prometheus.MustNewConstMetric(storageFreeDesc, prometheus.GaugeValue, float64(sh.FreeBytes))

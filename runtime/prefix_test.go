@@ -12,9 +12,11 @@ import (
 
 	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/images"
 	"github.com/rollbox/rollbox/internal/fakepolicy"
 	"github.com/rollbox/rollbox/runtime"
 	"github.com/rollbox/rollbox/sandbox"
+	"github.com/rollbox/rollbox/sandbox/containerd"
 	"github.com/rollbox/rollbox/sandbox/wasm/wasmtest"
 )
 
@@ -227,5 +229,59 @@ func TestAGroupsForksAreMadeAsItsEpisodesOpenSoTheyHoldNoIdleSandboxes(t *testin
 	}
 	if live := be.Live(); len(live) != 0 {
 		t.Errorf("left open after the batch: %v", live)
+	}
+}
+
+// needContainerd is a containerd backend of the test's own with opts,
+// closed (with what it made) at the end; it skips without containerd and
+// the base image in it, and fails instead under CI=true.
+func needContainerd(t *testing.T, opts containerd.Options) *containerd.Backend {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	skip := func(why string) {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("containerd required under CI=true: %s", why)
+		}
+		t.Skipf("no containerd: %s", why)
+	}
+	guest, err := images.NewBuilder(os.Stderr).Build(ctx, images.Target{Package: "images/guest", GOOS: "linux", GOARCH: "amd64", Name: "guest"})
+	if err != nil {
+		skip("building the guest agent: " + err.Error())
+	}
+	opts.GuestPath, opts.Owner = guest, dockerTestOwner
+	be, err := containerd.New(ctx, opts)
+	if err != nil {
+		skip(err.Error())
+	}
+	t.Cleanup(func() {
+		be.Close()
+		containerd.Cleanup(context.Background(), be.Client(), dockerTestOwner)
+	})
+	sb, err := be.Create(ctx, sandbox.Spec{Image: "base"})
+	if err != nil {
+		skip("a base container does not start (rollbox images build base): " + err.Error())
+	}
+	sb.Close()
+	return be
+}
+
+// On containerd a group's prefix asks for its forks' sandboxes as it
+// starts (sandbox.ForkPreparer), so while its turns run the backend makes
+// them, and the group's forks take them ready: none of the 2 children is
+// created cold (without the hint, the first fork's are).
+func TestAPrefixOnContainerdForksIntoSandboxesMadeWhileItRuns(t *testing.T) {
+	be := needContainerd(t, containerd.Options{ForkSpares: 2})
+	task := strings.Replace(fmt.Sprintf(prefixTask, `{"turns": [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo one >> /work/log.txt; sleep 6"}}]}]}`),
+		`"prompt"`, `"sandbox": {"backend": "containerd", "image": "base"}, "prompt"`, 1)
+	sum, _, _, err := runPrefixed(t, task, t.TempDir(), 2, be.Create)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Episodes != 2 || sum.Scored != 2 || sum.RewardMean == nil || *sum.RewardMean != 1 {
+		t.Fatalf("summary: %d episodes, %d scored, reward mean %v, ends %v", sum.Episodes, sum.Scored, sum.RewardMean, sum.Ends)
+	}
+	if st := be.ForkStats(); st.FromSpares != 2 || st.Cold != 0 {
+		t.Errorf("fork children: %d from spares, %d created cold; want 2 and 0", st.FromSpares, st.Cold)
 	}
 }

@@ -28,6 +28,30 @@ type Forker interface {
 	Fork(ctx context.Context, n int) ([]Sandbox, error)
 }
 
+// ForkPreparer is an optional capability of a Sandbox that is also a
+// Forker: PrepareFork says the sandbox is about to be forked into n (a
+// task's prefix is running in it), so the backend may start making the
+// children's sandboxes now. A hint: it returns at once, and a Fork without
+// it works the same, only colder.
+type ForkPreparer interface {
+	PrepareFork(n int)
+}
+
+// ForkSpareStats is an optional capability of a Backend that keeps fresh
+// sandboxes ready for forks (the containerd backend's Options.ForkSpares).
+type ForkSpareStats interface {
+	ForkStats() ForkStats
+}
+
+// ForkStats counts a backend's fork children by where they came from.
+type ForkStats struct {
+	// SparesReady is how many spares are ready now, all specs together.
+	SparesReady int
+	// FromSpares and Cold count the children forks took ready and the
+	// ones they had to create.
+	FromSpares, Cold int64
+}
+
 // MaxFork is the most sandboxes one Fork may make.
 const MaxFork = 256
 

@@ -29,6 +29,33 @@ type backendOptions struct {
 	// a first-use compile; the one exec runs), besides the helper, which is
 	// always built then.
 	warm []string
+	// forkSpares is the containerd backend's Options.ForkSpares
+	// (--fork-spares).
+	forkSpares int
+}
+
+// defaultForkSpares is --fork-spares' default: a fork of up to 8 (a GRPO
+// group's, an environment-mode client's) takes ready sandboxes. They are
+// made only once a spec is forked (or its prefix runs), and closed when
+// no fork has taken them for containerd.DefaultSpareIdle.
+const defaultForkSpares = 8
+
+// maxForkSpares bounds --fork-spares: the most one fork may make.
+const maxForkSpares = sandbox.MaxFork
+
+// addForkSparesFlag adds --fork-spares to a command that runs episodes.
+func addForkSparesFlag(fs interface {
+	Int(name string, value int, usage string) *int
+}) *int {
+	return fs.Int("fork-spares", defaultForkSpares, "containerd: fresh sandboxes kept ready per forked spec, up to a fork's n, made after its first fork or while a task's prefix runs, so forks (a prefix's group, POST /v1/episodes/{id}/fork) skip the cold creates; closed after 5 minutes unused; 0 disables")
+}
+
+// checkForkSpares refuses a --fork-spares out of range, naming the flag.
+func checkForkSpares(n int) error {
+	if n < 0 || n > maxForkSpares {
+		return usagef("--fork-spares %d is outside 0..%d", n, maxForkSpares)
+	}
+	return nil
 }
 
 // openBackend wires up a sandbox backend by name. progress gets one line for
@@ -54,7 +81,7 @@ func openBackend(ctx context.Context, name string, progress io.Writer, o backend
 		fu.end(err)
 	case sandbox.BackendContainerd:
 		fu := startFirstUse(progress, "preparing the containerd backend: building the guest agent…")
-		be, err = openContainerd(ctx, fu, o.cfg)
+		be, err = openContainerd(ctx, fu, o.cfg, o.forkSpares)
 		fu.end(err)
 	default:
 		return nil, usagef("backend %v", sandbox.CheckBackend(name))

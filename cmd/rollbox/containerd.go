@@ -17,12 +17,13 @@ import (
 
 // openContainerd wires up the containerd backend, with the same guest agent
 // and process lease as openDocker.
-func openContainerd(ctx context.Context, progress io.Writer, cfg config) (sandbox.Backend, error) {
+// forkSpares is Options.ForkSpares.
+func openContainerd(ctx context.Context, progress io.Writer, cfg config, forkSpares int) (sandbox.Backend, error) {
 	guest, l, err := guestAndLease(ctx, progress, cfg)
 	if err != nil {
 		return nil, err
 	}
-	b, err := containerd.New(ctx, containerd.Options{GuestPath: guest, Owner: cfg.dockerOwner(), Labels: leaseLabels(l)})
+	b, err := containerd.New(ctx, containerd.Options{GuestPath: guest, Owner: cfg.dockerOwner(), Labels: leaseLabels(l), ForkSpares: forkSpares})
 	if err != nil {
 		l.Release()
 		return nil, err

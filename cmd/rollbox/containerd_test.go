@@ -1,12 +1,19 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rollbox/rollbox/internal/lease"
 	"github.com/rollbox/rollbox/sandbox"
@@ -18,7 +25,7 @@ import (
 func needContainerd(t *testing.T) {
 	t.Helper()
 	ctx := context.Background()
-	be, err := openContainerd(ctx, os.Stderr, readConfig(os.Getenv))
+	be, err := openContainerd(ctx, os.Stderr, readConfig(os.Getenv), 0)
 	if err == nil {
 		defer be.Close()
 		var sb sandbox.Sandbox
@@ -110,4 +117,107 @@ func TestGCRemovesTheContainerdSandboxesOfADeadProcess(t *testing.T) {
 		t.Errorf("the live sandbox after gc: %v %q", err, r.Stdout)
 	}
 	orphan.Close()
+}
+
+// postJSON posts body to url and decodes the answer into out.
+func postJSON(t *testing.T, url string, body, out any) int {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if out != nil {
+		json.NewDecoder(resp.Body).Decode(out)
+	}
+	return resp.StatusCode
+}
+
+// serve's containerd backend keeps fork spares by default: after an
+// environment-mode episode's first fork (its 2 children created cold),
+// 2 spares of its spec are made (rollbox_fork_spares_ready says so), and
+// the next fork's episodes run in them: sandboxes that existed before that
+// fork, counted as taken from the spares.
+func TestServeForksContainerdEpisodesIntoSpares(t *testing.T) {
+	needContainerd(t)
+	owner := fmt.Sprintf("rollbox-test-forkspares-%d", os.Getpid())
+	t.Setenv("ROLLBOX_OWNER", owner)
+	url, stop := serve(t, "--data", t.TempDir(), "--no-audit-log")
+	defer stop()
+	ctx := context.Background()
+	cli, err := containerd.Dial(ctx, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	owned := func() map[string]bool {
+		list, err := cli.Containers(ctx, fmt.Sprintf("labels.%q==%q", containerd.LabelOwner, owner))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := map[string]bool{}
+		for _, c := range list {
+			ids[c.ID()] = true
+		}
+		return ids
+	}
+	sandboxOf := func(id string) string {
+		resp, err := http.Get(url + "/v1/episodes/" + id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var tr struct{ Sandbox struct{ ID string } }
+		json.NewDecoder(resp.Body).Decode(&tr)
+		return tr.Sandbox.ID
+	}
+	metric := func(re *regexp.Regexp) int {
+		resp, err := http.Get(url + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		m := re.FindSubmatch(b)
+		if m == nil {
+			return -1
+		}
+		n, _ := strconv.Atoi(string(m[1]))
+		return n
+	}
+	ready := regexp.MustCompile(`rollbox_fork_spares_ready\{backend="containerd"\} (\d+)`)
+	fromSpares := regexp.MustCompile(`rollbox_fork_children_total\{backend="containerd",source="spare"\} (\d+)`)
+	var opened struct {
+		ID    string
+		Error any
+	}
+	task := map[string]any{"id": "fork-spares", "prompt": "fork me", "tools": []string{"bash", "finish"},
+		"sandbox": map[string]any{"backend": "containerd", "image": "base"}, "reward": map[string]any{"type": "exact", "answer": "done"}}
+	if code := postJSON(t, url+"/v1/episodes", map[string]any{"task": task}, &opened); code != 201 {
+		t.Fatalf("open: %d %v", code, opened.Error)
+	}
+	var forked struct{ IDs []string }
+	if code := postJSON(t, url+"/v1/episodes/"+opened.ID+"/fork", map[string]any{"n": 2}, &forked); code != 201 || len(forked.IDs) != 2 {
+		t.Fatalf("first fork: %d %v", code, forked.IDs)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for metric(ready) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("rollbox_fork_spares_ready is %d 2 minutes after a fork of 2, want 2", metric(ready))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	before := owned()
+	if code := postJSON(t, url+"/v1/episodes/"+opened.ID+"/fork", map[string]any{"n": 2}, &forked); code != 201 || len(forked.IDs) != 2 {
+		t.Fatalf("second fork: %d %v", code, forked.IDs)
+	}
+	for _, id := range forked.IDs {
+		if sb := sandboxOf(id); sb == "" || !before[sb] {
+			t.Errorf("episode %s runs in sandbox %q, not one of the spares ready before the fork (%v)", id, sb, before)
+		}
+	}
+	if n := metric(fromSpares); n != 2 {
+		t.Errorf("rollbox_fork_children_total{source=spare} is %d, want 2", n)
+	}
 }

@@ -53,6 +53,7 @@ with the planned and started counts).`,
 	backendName := fs.String("backend", "", "backend for tasks that name none: wasm (default), docker or containerd")
 	group := fs.Int("group", 1, "episodes per task (GRPO group size)")
 	concurrency := fs.Int("concurrency", 4, "episodes in flight at once")
+	forkSpares := addForkSparesFlag(fs)
 	out := fs.String("out", "", "output `DIR` (default out/<rollout id>)")
 	var temperature optionalFloat
 	fs.Var(&temperature, "temperature", "sampling temperature sent to an openai policy (default: the server's)")
@@ -76,6 +77,9 @@ with the planned and started counts).`,
 		}
 		if *concurrency < 1 || *concurrency > 100000 {
 			return usagef("--concurrency %d is outside 1..100000", *concurrency)
+		}
+		if err := checkForkSpares(*forkSpares); err != nil {
+			return err
 		}
 		if *backendName == "" {
 			*backendName = defaultBackend
@@ -133,6 +137,7 @@ with the planned and started counts).`,
 		}
 		backends := newBackendSet(env.stderr, env.cfg)
 		backends.opts.auditLog = *auditLog
+		backends.opts.forkSpares = *forkSpares
 		defer backends.Close()
 		// The backends the tasks need open now, before any episode starts:
 		// a first-use build or compile is the runtime's, not an episode's

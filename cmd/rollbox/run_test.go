@@ -82,6 +82,7 @@ func TestRunRefusesBadInputBeforeStartingAnything(t *testing.T) {
 		{"a script missing a task", []string{"--tasks", good, "--policy", "scripted:" + writeFile(t, dir, "p.jsonl", `{"task_id": "fix-add", "turns": [{"content": "x"}]}`)}, `no script for task "rig-the-tests"`},
 		{"a bad backend", []string{"--tasks", good, "--policy", "scripted:x", "--backend", "vm"}, `--backend "vm"`},
 		{"a bad group size", []string{"--tasks", good, "--policy", "scripted:x", "--group", "0"}, "--group 0"},
+		{"negative fork spares", []string{"--tasks", good, "--policy", "scripted:x", "--fork-spares", "-1"}, "--fork-spares -1 is outside 0..256"},
 		{"an openai URL that is not one", []string{"--tasks", good, "--policy", "openai:localhost:8000"}, "not an http(s) URL"},
 	}
 	for _, tt := range tests {

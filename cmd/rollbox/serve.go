@@ -64,6 +64,7 @@ stderr.`,
 	policyConc := fs.Int("policy-concurrency", 1024, "policy calls in flight per endpoint")
 	var jf judgeFlags
 	jf.add(cmd)
+	forkSpares := addForkSparesFlag(fs)
 	warm := fs.Int("warm", 16, "most warm docker sandboxes kept per spec (sized from waiting episodes; 0 disables)")
 	envMax := fs.Int("max-env-episodes", 1024, "open environment-mode episodes")
 	envIdle := fs.Duration("env-idle-timeout", 10*time.Minute, "close an environment-mode episode idle this long")
@@ -116,6 +117,9 @@ stderr.`,
 		}
 		if *wasmConc < 0 || *warm < 0 {
 			return usagef("--wasm-concurrency and --warm may not be negative")
+		}
+		if err := checkForkSpares(*forkSpares); err != nil {
+			return err
 		}
 		reserve, err := parseSize(*diskReserve)
 		if err != nil {
@@ -261,6 +265,7 @@ stderr.`,
 		// First-use builds are logged like everything else the service says.
 		backends := newBackendSet(logLines{log}, cfg)
 		backends.opts.auditLog, backends.opts.auditMaxBytes = auditPath, serveAuditLogMaxBytes
+		backends.opts.forkSpares = *forkSpares
 		if auditPath == "" {
 			backends.opts.cfg.auditLog = "" // --no-audit-log wins over $ROLLBOX_AUDIT_LOG
 		}

@@ -40,6 +40,8 @@ func TestServeExportAndBenchRefuseBadFlags(t *testing.T) {
 		{"serve", "--disk-reserve", "plenty"},
 		{"serve", "--shutdown-timeout", "0s"},
 		{"serve", "--log-level", "loud"},
+		{"serve", "--fork-spares", "-1"},
+		{"serve", "--fork-spares", "257"},
 		{"serve", "--tasks", "/no/such/file.jsonl"},
 		{"serve", "extra"},
 		{"export"},

@@ -44,6 +44,7 @@ lines on stderr. See docs/scale-out.md.`,
 	data := fs.String("data", "", "`DIR` for the journals of the episodes it runs, each removed once stored by the coordinator (default a directory under the system's temp dir)")
 	heartbeat := fs.Duration("heartbeat", cluster.DefaultHeartbeat, "heartbeat interval (the coordinator's --heartbeat)")
 	warm := fs.Int("warm", 0, "most warm sandboxes kept per spec")
+	forkSpares := addForkSparesFlag(fs)
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx := cmd.Context()
@@ -61,6 +62,9 @@ lines on stderr. See docs/scale-out.md.`,
 		}
 		if *policyConc < 0 || *warm < 0 || *heartbeat <= 0 {
 			return usagef("--policy-concurrency and --warm may not be negative, --heartbeat must be positive")
+		}
+		if err := checkForkSpares(*forkSpares); err != nil {
+			return err
 		}
 		var level slog.Level
 		if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -88,6 +92,7 @@ lines on stderr. See docs/scale-out.md.`,
 			cfg.owner = workerOwner(*id, host)
 		}
 		backends := newBackendSet(logLines{log}, cfg)
+		backends.opts.forkSpares = *forkSpares
 		defer backends.Close()
 		abs, _ := filepath.Abs(dir)
 		log.Info(fmt.Sprintf("worker on %s", *url), "data", abs, "owner", cfg.owner)

@@ -50,6 +50,8 @@ const (
 	DefaultGuestTimeout = 10 * time.Second
 	// DefaultRemoveTimeout is how long Close retries a failed removal.
 	DefaultRemoveTimeout = 2 * time.Minute
+	// DefaultSpareIdle is how long unused fork spares are kept.
+	DefaultSpareIdle = 5 * time.Minute
 )
 
 // Runtime shims: runc through containerd's own v2 shim; gVisor through
@@ -85,9 +87,15 @@ type Options struct {
 	// layers and mount points, locked while its process lives.
 	StateDir string
 	// ForkSpares is how many fresh sandboxes of a forked spec the backend
-	// keeps ready after a fork, up to that fork's n, so the next fork of
-	// the spec takes them instead of creating its children cold (0: none).
+	// keeps ready after a fork, up to that fork's n (or ahead of the first,
+	// up to the n a Container.PrepareFork names), so the next fork of the
+	// spec takes them instead of creating its children cold (0: none).
+	// Spares carry no labels: forks of sandboxes that differ only in their
+	// labels (every episode's) share them.
 	ForkSpares int
+	// SpareIdle: the spares of a spec no fork has taken (nor PrepareFork
+	// asked for) for this long are closed (default DefaultSpareIdle).
+	SpareIdle time.Duration
 }
 
 // Backend creates container sandboxes on containerd directly: no dockerd in
@@ -140,6 +148,9 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	}
 	if opts.RemoveTimeout <= 0 {
 		opts.RemoveTimeout = DefaultRemoveTimeout
+	}
+	if opts.SpareIdle <= 0 {
+		opts.SpareIdle = DefaultSpareIdle
 	}
 	if opts.StateDir == "" {
 		opts.StateDir = "/run/rollbox/containerd"

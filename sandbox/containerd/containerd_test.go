@@ -24,6 +24,7 @@ var testOwner = fmt.Sprintf("rollbox-cdtest-%d", os.Getpid())
 
 var env struct {
 	backend *containerd.Backend
+	guest   string
 	skip    string
 }
 
@@ -36,6 +37,7 @@ func TestMain(m *testing.M) {
 			env.skip = "building the guest agent: " + err.Error()
 			return m.Run()
 		}
+		env.guest = guest
 		b, err := containerd.New(ctx, containerd.Options{GuestPath: guest, Owner: testOwner})
 		if err != nil {
 			env.skip = err.Error()
@@ -87,6 +89,34 @@ func need(t testing.TB) *containerd.Backend {
 		t.Skipf("no containerd: %s", env.skip)
 	}
 	return env.backend
+}
+
+// newBackend is a backend of its own with opts (the guest and owner are
+// the tests'), closed at the end of the test. Its containers carry the
+// label labelBackend with the test's name (ownContainers lists them).
+func newBackend(t testing.TB, opts containerd.Options) *containerd.Backend {
+	t.Helper()
+	need(t)
+	opts.GuestPath, opts.Owner = env.guest, testOwner
+	opts.Labels = map[string]string{labelBackend: fmt.Sprintf("%s-%d", t.Name(), os.Getpid())}
+	b, err := containerd.New(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+const labelBackend = "rollbox.test.backend"
+
+// ownContainers counts the containers of a backend newBackend made.
+func ownContainers(t testing.TB, b *containerd.Backend, name string) int {
+	t.Helper()
+	list, err := b.Client().Containers(context.Background(), fmt.Sprintf("labels.%q==%q", labelBackend, fmt.Sprintf("%s-%d", name, os.Getpid())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(list)
 }
 
 // remains lists what is left of a closed sandbox on the host: the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rollbox/rollbox/sandbox"
@@ -110,7 +111,7 @@ func (c *Container) adopt(chains [][]*layer) error {
 	return nil
 }
 
-// spares are fresh sandboxes kept for forks, by spec and labels.
+// spares are fresh sandboxes kept for forks, by spec without its labels.
 type spares struct {
 	ctx    context.Context // lifecycle: cancelled by close
 	cancel context.CancelFunc
@@ -119,12 +120,15 @@ type spares struct {
 	mu      sync.Mutex
 	ready   map[string][]*Container
 	filling map[string]bool
+	idle    map[string]*time.Timer // closes a key's spares untaken for SpareIdle
 	closed  bool
+
+	taken, cold atomic.Int64 // fork children taken ready, created cold
 }
 
 func (s *spares) init() {
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.ready, s.filling = map[string][]*Container{}, map[string]bool{}
+	s.ready, s.filling, s.idle = map[string][]*Container{}, map[string]bool{}, map[string]*time.Timer{}
 }
 
 // close stops the refills and closes the spares.
@@ -137,6 +141,9 @@ func (s *spares) close() {
 			all = append(all, c)
 		}
 	}
+	for _, t := range s.idle {
+		t.Stop()
+	}
 	s.ready = map[string][]*Container{}
 	s.mu.Unlock()
 	s.cancel()
@@ -144,7 +151,36 @@ func (s *spares) close() {
 	sandbox.CloseAll(all)
 }
 
-func spareKey(spec sandbox.Spec) string { return spec.Key() + fmt.Sprint(spec.Labels) }
+// touchLocked (re)starts key's idle timer: spares of a spec no fork has
+// taken for idle are closed, so the forks of a rollout that is over hold
+// no containers for the backend's life.
+func (s *spares) touchLocked(key string, idle time.Duration) {
+	if t := s.idle[key]; t != nil {
+		t.Reset(idle)
+		return
+	}
+	s.idle[key] = time.AfterFunc(idle, func() {
+		s.mu.Lock()
+		q := s.ready[key]
+		delete(s.ready, key)
+		delete(s.idle, key)
+		s.mu.Unlock()
+		for _, c := range q {
+			c.Close()
+		}
+	})
+}
+
+// unlabelled is the spec spares are made with: a spare is made before the
+// episode it serves is known (as sandbox.Pool's sandboxes are), so the
+// forks of every sandbox of one spec share them, whatever their labels.
+func unlabelled(spec sandbox.Spec) sandbox.Spec {
+	spec = spec.WithDefaults()
+	spec.Labels = nil
+	return spec
+}
+
+func spareKey(spec sandbox.Spec) string { return unlabelled(spec).Key() }
 
 // freshSandboxes takes up to n spares of spec and creates the rest, all or
 // nothing.
@@ -166,6 +202,8 @@ func (b *Backend) freshSandboxes(ctx context.Context, spec sandbox.Spec, n int) 
 	b.spares.ready[key] = q
 	b.spares.mu.Unlock()
 	sandbox.CloseAll(broken)
+	b.spares.taken.Add(int64(len(kids)))
+	b.spares.cold.Add(int64(n - len(kids)))
 	if len(kids) == n {
 		return kids, nil
 	}
@@ -189,20 +227,37 @@ func (b *Backend) refillSpares(spec sandbox.Spec, n int) {
 	b.SpareForks(spec, min(n, b.opts.ForkSpares))
 }
 
+// PrepareFork is a hint (sandbox.ForkPreparer) that this sandbox will be
+// forked into n: the backend starts making min(n, Options.ForkSpares)
+// spares of its spec now, so the first fork takes them instead of
+// creating its children cold. Nothing under runsc (its forks copy files
+// into sandboxes created then) or with ForkSpares 0.
+func (c *Container) PrepareFork(n int) {
+	if c.spec.Runtime == sandbox.RuntimeRunsc || c.IsClosed() {
+		return
+	}
+	c.b.refillSpares(c.spec, n)
+}
+
 // SpareForks keeps n fresh sandboxes of spec ready for the forks of
-// sandboxes of that spec (labels included), filling in the background, so
-// a Fork takes them instead of creating its children cold. Forks refill
-// them after use up to Options.ForkSpares.
+// sandboxes of that spec (whatever their labels: spares have none),
+// filling in the background, so a Fork takes them instead of creating its
+// children cold. Forks refill them after use up to Options.ForkSpares;
+// spares no fork takes for Options.SpareIdle are closed.
 func (b *Backend) SpareForks(spec sandbox.Spec, n int) {
 	if n <= 0 {
 		return
 	}
-	spec = spec.WithDefaults()
+	spec = unlabelled(spec)
 	key := spareKey(spec)
 	s := &b.spares
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed || s.filling[key] || len(s.ready[key]) >= n {
+	if s.closed {
+		return
+	}
+	s.touchLocked(key, b.opts.SpareIdle)
+	if s.filling[key] || len(s.ready[key]) >= n {
 		return
 	}
 	s.filling[key] = true
@@ -228,7 +283,9 @@ func (b *Backend) SpareForks(spec sandbox.Spec, n int) {
 				continue
 			}
 			s.mu.Lock()
-			if s.closed {
+			if s.closed || s.idle[key] == nil {
+				// Closed, or idle for SpareIdle meanwhile: not wanted.
+				s.filling[key] = false
 				s.mu.Unlock()
 				c.Close()
 				return
@@ -251,8 +308,19 @@ func (b *Backend) SpareForks(spec sandbox.Spec, n int) {
 
 // SparesReady is how many spares of spec are ready.
 func (b *Backend) SparesReady(spec sandbox.Spec) int {
-	spec = spec.WithDefaults()
 	b.spares.mu.Lock()
 	defer b.spares.mu.Unlock()
 	return len(b.spares.ready[spareKey(spec)])
+}
+
+// ForkStats counts the forks' children (sandbox.ForkSpareStats).
+func (b *Backend) ForkStats() sandbox.ForkStats {
+	s := &b.spares
+	s.mu.Lock()
+	ready := 0
+	for _, q := range s.ready {
+		ready += len(q)
+	}
+	s.mu.Unlock()
+	return sandbox.ForkStats{SparesReady: ready, FromSpares: s.taken.Load(), Cold: s.cold.Load()}
 }

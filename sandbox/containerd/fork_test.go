@@ -265,3 +265,128 @@ func TestForkTakesSpares(t *testing.T) {
 		}
 	}
 }
+
+// waitSpares waits until n spares of spec are ready.
+func waitSpares(t *testing.T, b *containerd.Backend, spec sandbox.Spec, n int) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for b.SparesReady(spec) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d spares ready after a minute, want %d", b.SparesReady(spec), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// containerIDs are the ids of the containers in the backend's namespace.
+func containerIDs(t *testing.T, b *containerd.Backend) map[string]bool {
+	t.Helper()
+	list, err := b.Client().Containers(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]bool{}
+	for _, c := range list {
+		ids[c.ID()] = true
+	}
+	return ids
+}
+
+// With Options.ForkSpares a fork leaves spares of its spec behind, and they
+// serve the next fork of any sandbox of that spec, whatever its labels
+// (every episode's sandbox has labels of its own): the second fork's
+// children are containers that existed before it, none created for it.
+func TestForkSparesServeTheForksOfEveryEpisodeOfTheSpec(t *testing.T) {
+	b := newBackend(t, containerd.Options{ForkSpares: 2})
+	ctx := context.Background()
+	specA := sandbox.Spec{Image: "base", Labels: sandbox.EpisodeLabels("ep-a", "r-1")}
+	specB := sandbox.Spec{Image: "base", Labels: sandbox.EpisodeLabels("ep-b", "r-1")}
+	a, err := b.Create(ctx, specA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	kidsA, err := a.(sandbox.Forker).Fork(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sandbox.CloseAll(kidsA)
+	waitSpares(t, b, specB, 2)
+	bb, err := b.Create(ctx, specB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bb.Close()
+	if err := bb.WriteFile(ctx, "/work/f", []byte("b"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := containerIDs(t, b)
+	kidsB, err := bb.(sandbox.Forker).Fork(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sandbox.CloseAll(kidsB)
+	for _, k := range kidsB {
+		if !before[k.Info().ID] {
+			t.Errorf("child %s of episode b's fork was created cold, not taken from the spares", k.Info().ID)
+		}
+		if got, err := k.ReadFile(ctx, "/work/f", 0); err != nil || string(got) != "b" {
+			t.Errorf("%s reads %q, %v", k.Info().ID, got, err)
+		}
+	}
+}
+
+// PrepareFork makes min(n, ForkSpares) spares ahead of the first fork.
+func TestPrepareForkMakesSparesAheadOfTheFirstFork(t *testing.T) {
+	b := newBackend(t, containerd.Options{ForkSpares: 2})
+	ctx := context.Background()
+	spec := sandbox.Spec{Image: "base", Labels: map[string]string{"rollbox.test": "prepare"}}
+	sb, err := b.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	p, ok := sandbox.Find[sandbox.ForkPreparer](sb)
+	if !ok {
+		t.Fatal("a containerd sandbox is not a sandbox.ForkPreparer")
+	}
+	p.PrepareFork(5)
+	waitSpares(t, b, spec, 2)
+	before := containerIDs(t, b)
+	kids, err := sb.(sandbox.Forker).Fork(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sandbox.CloseAll(kids)
+	for _, k := range kids {
+		if !before[k.Info().ID] {
+			t.Errorf("child %s was created cold", k.Info().ID)
+		}
+	}
+}
+
+// Spares no fork takes for SpareIdle are closed: a rollout that forked
+// once holds no containers for the rest of the backend's life.
+func TestIdleSparesAreClosed(t *testing.T) {
+	b := newBackend(t, containerd.Options{ForkSpares: 1, SpareIdle: time.Second})
+	spec := sandbox.Spec{Image: "base", Labels: map[string]string{"rollbox.test": "idle"}}
+	b.SpareForks(spec, 1)
+	waitSpares(t, b, spec, 1)
+	if n := ownContainers(t, b, t.Name()); n != 1 {
+		t.Fatalf("%d containers for 1 spare", n)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for b.SparesReady(spec) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("a spare is still kept 30 s after it went idle")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for ownContainers(t, b, t.Name()) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the idle spare's container is still there")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
