@@ -385,3 +385,34 @@ func shimRSS() int64 {
 	}
 	return sum
 }
+
+// BenchmarkGuestRoundTrip: a read of a 2-byte file through the guest (no
+// process started), on containerd and on Docker in turn: the transport's
+// share of BenchmarkExecTrue.
+func BenchmarkGuestRoundTrip(b *testing.B) {
+	ctx := context.Background()
+	var sbs []sandbox.Sandbox
+	for _, be := range []sandbox.Backend{need(b), dockerBackend(b)} {
+		sb, err := be.Create(ctx, sandbox.Spec{Image: "base"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer sb.Close()
+		if err := sb.WriteFile(ctx, "/work/f", []byte("x\n"), 0o644); err != nil {
+			b.Fatal(err)
+		}
+		sbs = append(sbs, sb)
+	}
+	var lat [2]latencies
+	for b.Loop() {
+		for i, sb := range sbs {
+			start := time.Now()
+			if _, err := sb.ReadFile(ctx, "/work/f", 0); err != nil {
+				b.Fatal(err)
+			}
+			lat[i] = append(lat[i], time.Since(start))
+		}
+	}
+	lat[0].reportAs(b, "containerd-")
+	lat[1].reportAs(b, "docker-")
+}
