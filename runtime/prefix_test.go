@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -283,5 +285,47 @@ func TestAPrefixOnContainerdForksIntoSandboxesMadeWhileItRuns(t *testing.T) {
 	}
 	if st := be.ForkStats(); st.FromSpares != 2 || st.Cold != 0 {
 		t.Errorf("fork children: %d from spares, %d created cold; want 2 and 0", st.FromSpares, st.Cold)
+	}
+}
+
+// containerd episodes take warm sandboxes by default, as Docker's do: with
+// one running at a time and the rest waiting, the pool (default size)
+// makes sandboxes for the waiting ones, and they start in them.
+func TestWaitingContainerdEpisodesStartInWarmSandboxes(t *testing.T) {
+	be := needContainerd(t, containerd.Options{})
+	hold, release := blockingPolicy(t)
+	s := startService(t, "", func(o *runtime.Options) {
+		o.Backends = runtime.BackendFunc(func(ctx context.Context, name string) (sandbox.Backend, error) {
+			if name == sandbox.BackendContainerd {
+				return be, nil
+			}
+			return wasmBackends(t).Backend(ctx, name)
+		})
+		o.Limits.MaxRunning = 1
+	})
+	tk := task("a")
+	tk["sandbox"] = map[string]any{"backend": "containerd", "image": "base"}
+	id := s.submit(rolloutBody(hold, 3, tk)) // 1 runs, 2 wait
+	s.waitState(id, 60*time.Second, func(st status) bool { return st.Running == 1 })
+	ready := regexp.MustCompile(`rollbox_sandbox_pool_ready\{backend="containerd"\} (\d+)`)
+	deadline := time.Now().Add(60 * time.Second)
+	for m := ready.FindStringSubmatch(s.metrics()); m == nil || m[1] == "0"; m = ready.FindStringSubmatch(s.metrics()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no warm containerd sandbox in 60 s: %v", m)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	release()
+	if st := s.waitState(id, 90*time.Second, func(st status) bool { return st.State == runtime.RolloutDone }); st.Ends["finished"] != 3 {
+		t.Errorf("status %+v", st)
+	}
+	hits := regexp.MustCompile(`rollbox_sandbox_pool_hits_total\{backend="containerd"\} (\d+)`).FindStringSubmatch(s.metrics())
+	if n := 0; hits != nil {
+		n, _ = strconv.Atoi(hits[1])
+		if n < 1 {
+			t.Errorf("no episode started in a warm sandbox: %s", hits[0])
+		}
+	} else {
+		t.Error("no containerd pool hits metric")
 	}
 }

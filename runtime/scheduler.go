@@ -30,7 +30,8 @@ type Limits struct {
 	PolicyConcurrency int
 	// WarmPool is the most ready sandboxes kept per backend and spec; each
 	// backend's pool keeps, of each spec, as many as episodes wait for it
-	// (defaults: docker 16, wasm 0: a WASM sandbox is made in microseconds).
+	// (defaults: docker and containerd 16, wasm 0: a WASM sandbox is made in
+	// microseconds).
 	WarmPool map[string]int
 	// InfraAttempts bounds the attempts of an episode whose sandbox failed
 	// before the policy was asked anything (default 3).
@@ -81,7 +82,7 @@ func (l Limits) withDefaults() Limits {
 	if l.PolicyConcurrency <= 0 {
 		l.PolicyConcurrency = 1024
 	}
-	w := map[string]int{sandbox.BackendDocker: 16}
+	w := map[string]int{sandbox.BackendDocker: 16, sandbox.BackendContainerd: 16}
 	for k, v := range l.WarmPool {
 		w[k] = v
 	}

@@ -65,7 +65,7 @@ stderr.`,
 	var jf judgeFlags
 	jf.add(cmd)
 	forkSpares := addForkSparesFlag(fs)
-	warm := fs.Int("warm", 16, "most warm docker sandboxes kept per spec (sized from waiting episodes; 0 disables)")
+	warm := fs.Int("warm", 16, "most warm docker and containerd sandboxes kept per spec (sized from waiting episodes; 0 disables)")
 	envMax := fs.Int("max-env-episodes", 1024, "open environment-mode episodes")
 	envIdle := fs.Duration("env-idle-timeout", 10*time.Minute, "close an environment-mode episode idle this long")
 	shutdownTimeout := fs.Duration("shutdown-timeout", 30*time.Second, "on SIGTERM or SIGINT, stop within this long: queued and running episodes end interrupted; what has not ended by then is recovered at the next start")
@@ -282,7 +282,7 @@ stderr.`,
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		limits := runtime.Limits{MaxRunning: *maxRunning, MaxQueued: *maxQueued, PolicyConcurrency: *policyConc,
-			Backend: map[string]int{sandbox.BackendDocker: *dockerConc}, WarmPool: map[string]int{sandbox.BackendDocker: *warm},
+			Backend: map[string]int{sandbox.BackendDocker: *dockerConc}, WarmPool: map[string]int{sandbox.BackendDocker: *warm, sandbox.BackendContainerd: *warm},
 			MaxEnvEpisodes: *envMax, EnvIdleTimeout: *envIdle, DiskReserve: reserve,
 			MaxImports: *maxImports, MaxImportEpisodeBytes: int(maxImportBytes)}
 		if *wasmConc > 0 {
