@@ -260,16 +260,8 @@ func TestTheServiceAnswersWhileItRecovers(t *testing.T) {
 	release()
 
 	gate := make(chan struct{})
-	opts := runtime.Options{DataDir: crashed, Backends: wasmBackends(t)}
-	runtime.HoldRecovery(&opts, gate)
-	srv, err := runtime.Open(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	hs := httptest.NewServer(srv.Handler())
-	defer hs.Close()
-	b := &service{t: t, srv: srv, http: hs, url: hs.URL, data: crashed}
+	b := openHeld(t, crashed, gate)
+	srv := b.srv
 	if h, code := b.health(); code != 503 || h.Status != runtime.HealthRecovering {
 		t.Errorf("healthz while recovering: %d %+v", code, h)
 	}
@@ -341,16 +333,8 @@ func TestTheRecoveryLeavesTheSubagentsOfThisProcessAlone(t *testing.T) {
 	sub := startPolicy(t, fakepolicy.Config{Responder: fakepolicy.BashThenFinish(1)})
 	data := t.TempDir()
 	gate := make(chan struct{})
-	opts := runtime.Options{DataDir: data, Backends: wasmBackends(t)}
-	runtime.HoldRecovery(&opts, gate)
-	srv, err := runtime.Open(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	hs := httptest.NewServer(srv.Handler())
-	defer hs.Close()
-	b := &service{t: t, srv: srv, http: hs, url: hs.URL, data: data}
+	b := openHeld(t, data, gate)
+	srv := b.srv
 	tk := orchestratorTask("o", sub)
 	tk["orchestrator"].(map[string]any)["async"] = true
 	var opened struct{ ID string }
@@ -395,4 +379,18 @@ func TestTheRecoveryLeavesTheSubagentsOfThisProcessAlone(t *testing.T) {
 	if len(seen) != 3 || len(tr.Subagents) != 3 {
 		t.Errorf("the record names %d sub-agents (%d distinct), want each of 3 once", len(tr.Subagents), len(seen))
 	}
+}
+
+// openHeld opens a service on data whose recovery waits for gate to close.
+func openHeld(t *testing.T, data string, gate chan struct{}) *service {
+	t.Helper()
+	opts := runtime.Options{DataDir: data, Backends: wasmBackends(t)}
+	runtime.HoldRecovery(&opts, gate)
+	srv, err := runtime.Open(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(func() { hs.Close(); srv.Close() })
+	return &service{t: t, srv: srv, http: hs, url: hs.URL, data: data}
 }
