@@ -64,6 +64,10 @@ type cliEnv struct {
 	// signal is the signal that cancelled the command's context, when one
 	// did (main's signal handler sets it); nil otherwise.
 	signal func() os.Signal
+	// stopNotice, when set, is what main's signal handler says a signal
+	// does; a command that stops otherwise than by recording its episodes
+	// interrupted (the default notice) stores its own.
+	stopNotice *atomic.Pointer[string]
 	// self makes a command that runs this program with args in a child
 	// process (rollbox serve's health responder, rollbox bench's fake
 	// policy); exec of os.Executable when nil. Tests point it at their
@@ -145,16 +149,18 @@ Docs: README.md and docs/ in the repository.`,
 }
 
 func main() {
-	ctx, sig, stop := withSignals(context.Background(), os.Stderr)
+	var notice atomic.Pointer[string]
+	ctx, sig, stop := withSignals(context.Background(), os.Stderr, &notice)
 	defer stop()
-	env := &cliEnv{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, signal: sig}
+	env := &cliEnv{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, signal: sig, stopNotice: &notice}
 	os.Exit(run(ctx, env, os.Args[1:]))
 }
 
 // withSignals returns a context that SIGINT or SIGTERM cancels, and the
-// signal that did (nil before one came). A second signal exits at once
-// with 128+its number.
-func withSignals(parent context.Context, stderr io.Writer) (context.Context, func() os.Signal, func()) {
+// signal that did (nil before one came). It says on stderr what the
+// signal does: notice's text when set, else that the episodes in flight are
+// recorded interrupted. A second signal exits at once with 128+its number.
+func withSignals(parent context.Context, stderr io.Writer, notice *atomic.Pointer[string]) (context.Context, func() os.Signal, func()) {
 	ctx, cancel := context.WithCancelCause(parent)
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
@@ -167,11 +173,11 @@ func withSignals(parent context.Context, stderr io.Writer) (context.Context, fun
 		}
 		got = s
 		close(received)
-		notice := "stopping; the episodes in flight are recorded interrupted (a second signal stops at once)"
-		if n := stopNotice.Load(); n != nil {
-			notice = *n
+		say := "stopping; the episodes in flight are recorded interrupted (a second signal stops at once)"
+		if n := notice.Load(); n != nil {
+			say = *n
 		}
-		fmt.Fprintf(stderr, "\nrollbox: %s: %s\n", signalName(s), notice)
+		fmt.Fprintf(stderr, "\nrollbox: %s: %s\n", signalName(s), say)
 		cancel(&agent.StopCause{Reason: trajectory.EndInterrupted, Message: "interrupted by " + signalName(s)})
 		if s, ok = <-sigs; ok {
 			os.Exit(128 + signalNumber(s))
@@ -187,13 +193,6 @@ func withSignals(parent context.Context, stderr io.Writer) (context.Context, fun
 	}
 	return ctx, which, func() { signal.Stop(sigs); close(sigs); cancel(nil) }
 }
-
-// stopNotice, when set (setStopNotice), is what withSignals says a signal
-// does, in place of the default (episodes in flight recorded interrupted),
-// for a command that stops otherwise.
-var stopNotice atomic.Pointer[string]
-
-func setStopNotice(s string) { stopNotice.Store(&s) }
 
 // signalName is SIGINT, SIGTERM, ... for s.
 func signalName(s os.Signal) string {

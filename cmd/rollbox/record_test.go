@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 )
@@ -19,8 +20,9 @@ import (
 // whole: its exit status, a crash.
 func TestMain(m *testing.M) {
 	if args := os.Getenv("ROLLBOX_TEST_MAIN"); args != "" {
-		ctx, sig, stop := withSignals(context.Background(), os.Stderr)
-		env := &cliEnv{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, signal: sig, self: testSelf}
+		var notice atomic.Pointer[string]
+		ctx, sig, stop := withSignals(context.Background(), os.Stderr, &notice)
+		env := &cliEnv{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, signal: sig, stopNotice: &notice, self: testSelf}
 		var argv []string
 		if err := json.Unmarshal([]byte(args), &argv); err != nil {
 			panic(err)

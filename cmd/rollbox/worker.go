@@ -96,7 +96,10 @@ lines on stderr. See docs/scale-out.md.`,
 		defer backends.Close()
 		abs, _ := filepath.Abs(dir)
 		log.Info(fmt.Sprintf("worker on %s", *url), "data", abs, "owner", cfg.owner)
-		setStopNotice(workerStopNotice)
+		if env.stopNotice != nil {
+			notice := workerStopNotice
+			env.stopNotice.Store(&notice)
+		}
 		err := runtime.RunWorker(ctx, runtime.WorkerOptions{URL: *url, ID: *id, Host: host, Backend: *backendName, Slots: *slots,
 			PolicyConcurrency: *policyConc, DataDir: dir, Heartbeat: *heartbeat, PolicyAPIKey: cfg.openAIKey, WarmPool: *warm, Logger: log,
 			Backends: runtime.BackendFunc(backends.get),
