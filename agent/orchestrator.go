@@ -436,11 +436,27 @@ func summarizeSubagent(sa *trajectory.Subagent, tr *trajectory.Trajectory, maxAn
 	sa.Finished = sa.End == trajectory.EndFinished && strings.TrimSpace(answer) != ""
 	work := 0
 	for _, step := range tr.Steps {
-		if step.Type == trajectory.StepTool && step.Name != tools.NameFinish {
+		if step.Type == trajectory.StepTool && step.Name != tools.NameFinish && toolRan(step) {
 			work++
 		}
 	}
 	sa.Useful = sa.Finished && work > 0
+}
+
+// toolRan says a tool step did something: the tool ran, whatever its
+// command's exit status. A call the tool never ran (a tool the sub-agent
+// was not given, arguments it refused, a sandbox or policy failure, a
+// cancellation) is no work: else an orchestrator earns r_parallel with
+// sub-agents it hands no tool but finish, whose calls all fail.
+func toolRan(step trajectory.Step) bool {
+	if step.ErrorKind == nil {
+		return true
+	}
+	switch tools.ErrorKind(*step.ErrorKind) {
+	case tools.KindNonzeroExit, tools.KindOutputTruncated, tools.KindTimeout, tools.KindOOM:
+		return true
+	}
+	return false
 }
 
 // subTask is the task a sub-agent runs: the sub-task's prompt with the
