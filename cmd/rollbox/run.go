@@ -304,16 +304,21 @@ func fmtCounts(m map[string]int) string {
 
 // backendSet opens backends on first use and shares them across episodes.
 // A backend that failed to open is not remembered: the next caller tries
-// again (the service adds a back-off and health reporting on top).
+// again (the service adds a back-off and health reporting on top). Each
+// backend opens on its own: one whose engine hangs holds up only the
+// callers that need it, and they may give up (their context).
 type backendSet struct {
 	progress io.Writer
 	opts     backendOptions
 	mu       sync.Mutex
 	open     map[string]sandbox.Backend
-	// beforeOpen, if set, runs once before the named backend first opens
+	opening  map[string]chan struct{} // one token per backend: who holds it opens it
+	closed   bool
+	// beforeOpen, if set, runs before the named backend first opens
 	// (serve's clean-up of the containers a crashed service left, deferred
-	// until docker is used).
-	beforeOpen map[string]func(context.Context)
+	// until docker is used). Until it returns nil the backend does not open;
+	// it runs again for the next caller if it failed.
+	beforeOpen map[string]func(context.Context) error
 }
 
 // newBackendSet opens backends for episodes: the WASM guests are built and
@@ -321,27 +326,62 @@ type backendSet struct {
 // where a first-use compile (seconds) would count against the model's
 // exec timeout.
 func newBackendSet(progress io.Writer, cfg config) *backendSet {
-	return &backendSet{progress: progress, open: map[string]sandbox.Backend{},
+	return &backendSet{progress: progress, open: map[string]sandbox.Backend{}, opening: map[string]chan struct{}{},
 		opts: backendOptions{cfg: cfg, warm: []string{"python", "js"}}}
 }
 
 func (b *backendSet) get(ctx context.Context, name string) (sandbox.Backend, error) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	if be, ok := b.open[name]; ok {
+		b.mu.Unlock()
 		return be, nil
 	}
-	if f := b.beforeOpen[name]; f != nil {
+	token := b.opening[name]
+	if token == nil {
+		token = make(chan struct{}, 1)
+		b.opening[name] = token
+	}
+	b.mu.Unlock()
+	select {
+	case token <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("backend %s: waiting for it to open: %w", name, ctx.Err())
+	}
+	defer func() { <-token }()
+	b.mu.Lock()
+	be, ok := b.open[name]
+	before := b.beforeOpen[name]
+	closed := b.closed
+	b.mu.Unlock()
+	switch {
+	case ok:
+		return be, nil
+	case closed:
+		return nil, fmt.Errorf("backend %s: %w", name, errBackendsClosed)
+	}
+	if before != nil {
+		if err := before(ctx); err != nil {
+			return nil, fmt.Errorf("backend %s: %w", name, err)
+		}
+		b.mu.Lock()
 		delete(b.beforeOpen, name)
-		f(ctx)
+		b.mu.Unlock()
 	}
 	be, err := openBackend(ctx, name, b.progress, b.opts)
 	if err != nil {
 		return nil, fmt.Errorf("backend %s: %w", name, err)
 	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed { // closed while it opened: nobody else will close it
+		be.Close()
+		return nil, fmt.Errorf("backend %s: %w", name, errBackendsClosed)
+	}
 	b.open[name] = be
 	return be, nil
 }
+
+var errBackendsClosed = errors.New("closed: the command is stopping")
 
 func (b *backendSet) create(ctx context.Context, name string, spec sandbox.Spec) (sandbox.Sandbox, error) {
 	be, err := b.get(ctx, name)
@@ -354,6 +394,7 @@ func (b *backendSet) create(ctx context.Context, name string, spec sandbox.Spec)
 func (b *backendSet) Close() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.closed = true
 	var errs []error
 	for _, be := range b.open {
 		errs = append(errs, be.Close())

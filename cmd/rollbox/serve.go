@@ -215,25 +215,51 @@ stderr.`,
 		}
 		owner := cfg.owner
 		// What a crashed service on this data directory left is removed
-		// before this one makes containers: now when it may (its default
-		// backend or a catalog task is docker or containerd), else when such
-		// a backend first opens: a service on the WASM backend never contacts
-		// the Docker (or containerd) engine unless an episode asks for it.
+		// before this one makes containers: from now on when it may (its
+		// default backend or a catalog task is docker or containerd), else
+		// when such a backend first opens: a service on the WASM backend
+		// never contacts the Docker (or containerd) engine unless an
+		// episode asks for it. The clean-up runs beside the listener, not in
+		// front of it: an engine slow or wedged under load delays the
+		// episodes that need it, not the health probe or the WASM ones.
 		engine := func(b string) bool { return b == sandbox.BackendDocker || b == sandbox.BackendContainerd }
 		usesDocker := engine(*backendName)
 		for _, t := range catalog {
 			usesDocker = usesDocker || engine(t.Sandbox.Backend)
 		}
-		if usesDocker {
-			gcOwner(ctx, log, cfg)
-		}
-		// What other crashed rollbox processes left (containers whose lease
-		// is dead, build dirs, half-written cache files) is theirs, unless
-		// asked: on a host shared by several services or users it is someone
-		// else's work.
-		if *gcAllOwners {
-			if err := gcAll(ctx, logLines{log}, cfg); err != nil {
-				log.Warn("cleaning up after crashed processes", "err", err)
+		gctx, stopGC := context.WithCancel(ctx)
+		cleaned := make(chan struct{})
+		go func() {
+			defer close(cleaned)
+			if !usesDocker && !*gcAllOwners {
+				return
+			}
+			start := time.Now()
+			defer func() {
+				if gctx.Err() == nil {
+					log.Info("start-up clean-up done", "elapsed", time.Since(start).Round(time.Millisecond).String())
+				}
+			}()
+			if usesDocker {
+				gcOwner(gctx, log, cfg)
+			}
+			// What other crashed rollbox processes left (containers whose
+			// lease is dead, build dirs, half-written cache files) is
+			// theirs, unless asked: on a host shared by several services or
+			// users it is someone else's work.
+			if *gcAllOwners {
+				if err := gcAll(gctx, logLines{log}, cfg); err != nil && gctx.Err() == nil {
+					log.Warn("cleaning up after crashed processes", "err", err)
+				}
+			}
+		}()
+		defer func() { stopGC(); <-cleaned }()
+		afterCleanUp := func(ctx context.Context) error {
+			select {
+			case <-cleaned:
+				return nil
+			case <-ctx.Done():
+				return fmt.Errorf("waiting for the start-up clean-up: %w", ctx.Err())
 			}
 		}
 		// Every running episode holds its journal open, every policy slot a
@@ -269,9 +295,19 @@ stderr.`,
 		if auditPath == "" {
 			backends.opts.cfg.auditLog = "" // --no-audit-log wins over $ROLLBOX_AUDIT_LOG
 		}
+		containers := afterCleanUp
 		if !usesDocker {
-			cleanup := func(ctx context.Context) { gcOwner(ctx, log, cfg) }
-			backends.beforeOpen = map[string]func(context.Context){sandbox.BackendDocker: cleanup, sandbox.BackendContainerd: cleanup}
+			containers = func(ctx context.Context) error {
+				if err := afterCleanUp(ctx); err != nil {
+					return err
+				}
+				gcOwner(ctx, log, cfg)
+				return nil
+			}
+		}
+		backends.beforeOpen = map[string]func(context.Context) error{sandbox.BackendDocker: containers, sandbox.BackendContainerd: containers}
+		if *gcAllOwners { // it also sweeps half-built programs and compiled modules
+			backends.beforeOpen[sandbox.BackendWASM] = afterCleanUp
 		}
 		backendsOpen := true
 		defer func() {

@@ -125,6 +125,17 @@ func serveLogged(t *testing.T, args ...string) (url string, stop func() int, std
 		}
 }
 
+// waitLogged waits for a service to log msg (the start-up clean-up runs
+// beside the listener, so it may end after "listening on").
+func waitLogged(t *testing.T, logs func() string, msg string) {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Minute); !strings.Contains(logs(), msg); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the service did not log %q in 2 minutes:\n%s", msg, logs())
+		}
+	}
+}
+
 func TestServeRunsARolloutAndKeepsItAcrossARestart(t *testing.T) {
 	t.Setenv("ROLLBOX_OWNER", "rollbox-serve-test") // the owner label of this test's containers
 	dir := t.TempDir()
@@ -280,8 +291,9 @@ func TestServeRemovesTheContainersACrashedServiceLeft(t *testing.T) {
 	if n := owned(); n != 2 {
 		t.Fatalf("a service on the wasm backend touched the containers: %d left", n)
 	}
-	_, stop = serve(t, "--data", data, "--backend", "docker")
+	_, stop, logs := serveLogged(t, "--data", data, "--backend", "docker")
 	defer stop()
+	waitLogged(t, logs, "start-up clean-up done")
 	if n := owned(); n != 0 {
 		t.Errorf("%d orphaned containers left after serve started", n)
 	}
@@ -390,12 +402,14 @@ func TestServeStartupGCLeavesOtherOwnersContainersAlone(t *testing.T) {
 		}
 	}
 	t.Setenv("ROLLBOX_OWNER", owners["mine"])
-	_, stop := serve(t, "--data", t.TempDir(), "--backend", "docker")
+	_, stop, logs := serveLogged(t, "--data", t.TempDir(), "--backend", "docker")
+	waitLogged(t, logs, "start-up clean-up done")
 	stop()
 	if count["mine"]() != 0 || count["other"]() != 1 {
 		t.Errorf("after serve started: %d of mine, %d of the other owner's; want 0 and 1", count["mine"](), count["other"]())
 	}
-	_, stop = serve(t, "--data", t.TempDir(), "--gc-all-owners")
+	_, stop, logs = serveLogged(t, "--data", t.TempDir(), "--gc-all-owners")
+	waitLogged(t, logs, "start-up clean-up done")
 	stop()
 	if n := count["other"](); n != 0 {
 		t.Errorf("--gc-all-owners left %d of the other owner's dead containers", n)
