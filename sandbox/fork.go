@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"slices"
+	"sort"
+	"strings"
 	"sync"
 )
 
@@ -115,30 +118,66 @@ func CloseAll(sbs []Sandbox) error {
 
 // CopyFiles copies what lies under roots in from into every sandbox of to
 // through the file API: regular files with their permission bits
-// (ListFiles, ReadFile, WriteFile), directories (even empty ones) and
-// symbolic links (made by mkdir and ln in the target, so ExecRequest must
-// reach a shell-less mkdir and ln there). It is how a backend that cannot
-// snapshot a sandbox's files forks it. Files over MaxFileBytes, FIFOs,
-// sockets and devices are not copied: CopyFiles fails naming the first.
-func CopyFiles(ctx context.Context, from Sandbox, to []Sandbox, roots ...string) error {
+// (ListFiles, ReadFile, WriteFile), directories (even empty ones) with
+// theirs, symbolic links and FIFOs (made by mkdir, ln, mkfifo and chmod in
+// the target, so ExecRequest must reach shell-less mkdir, ln, mkfifo and
+// chmod there). It is how a backend that cannot snapshot a sandbox's files
+// forks it.
+//
+// The files are the sandbox's commands', and hostile: what they left must
+// not make the fork fail (the agent would turn the fork into an
+// infrastructure failure). A file or directory its owner (the commands'
+// user, whom the file API serves) may not read or search is made so in
+// from for the copy and given its mode back after, whatever happens;
+// sockets and devices (no data to copy; the commands' user cannot make
+// devices) are left out; hard links become separate files. Files over
+// MaxFileBytes cannot be copied: CopyFiles fails naming the first
+// (ErrTooLarge).
+func CopyFiles(ctx context.Context, from Sandbox, to []Sandbox, roots ...string) (err error) {
 	var files []string
-	var dirs []string
 	type link struct{ path, target string }
 	var links []link
+	var dirs, fifos []entry
+	var restore []entry // modes to give back in from
 	modes := map[string]fs.FileMode{}
+	run := func(sb Sandbox, argv ...string) error { return runArgv(ctx, sb, argv...) }
+	defer func() {
+		if rerr := chmodAll(ctx, from, restore); rerr != nil && err == nil {
+			err = fmt.Errorf("fork: give the files their modes back: %w", rerr)
+		}
+	}()
+	// open makes what a listing holds readable (files) or searchable
+	// (directories) by its owner in from, one chmod for the lot.
+	open := func(perm string, es []entry) error {
+		if len(es) == 0 {
+			return nil
+		}
+		var paths []string
+		for _, e := range es {
+			paths = append(paths, e.path)
+		}
+		if err := runEach(ctx, from, []string{"chmod", perm, "--"}, paths); err != nil {
+			return err
+		}
+		restore = append(restore, es...)
+		return nil
+	}
 	var walk func(dir string) error
 	walk = func(dir string) error {
 		list, err := from.ListFiles(ctx, dir)
 		if err != nil {
 			return fmt.Errorf("fork: list %s: %w", dir, err)
 		}
+		var shutDirs, lockedFiles []entry
+		var subdirs []string
 		for _, fi := range list {
 			p := path.Join(dir, fi.Name)
 			switch {
 			case fi.IsDir:
-				dirs = append(dirs, p)
-				if err := walk(p); err != nil {
-					return err
+				dirs = append(dirs, entry{p, fi.Mode, true})
+				subdirs = append(subdirs, p)
+				if fi.Mode.Perm()&0o500 != 0o500 {
+					shutDirs = append(shutDirs, entry{p, fi.Mode, true})
 				}
 			case fi.Link != "" || fi.Mode&fs.ModeSymlink != 0:
 				links = append(links, link{p, fi.Link})
@@ -148,8 +187,24 @@ func CopyFiles(ctx context.Context, from Sandbox, to []Sandbox, roots ...string)
 				}
 				files = append(files, p)
 				modes[p] = fi.Mode.Perm()
+				if fi.Mode.Perm()&0o400 == 0 {
+					lockedFiles = append(lockedFiles, entry{p, fi.Mode, false})
+				}
+			case fi.Mode&fs.ModeNamedPipe != 0:
+				fifos = append(fifos, entry{p, fi.Mode, false})
 			default:
-				return fmt.Errorf("fork: %s is a %v, which cannot be copied: %w", p, fi.Mode.Type(), ErrInvalidSpec)
+				// A socket or a device: nothing to copy.
+			}
+		}
+		if err := open("u+rx", shutDirs); err != nil {
+			return err
+		}
+		if err := open("u+r", lockedFiles); err != nil {
+			return err
+		}
+		for _, d := range subdirs {
+			if err := walk(d); err != nil {
+				return err
 			}
 		}
 		return nil
@@ -169,18 +224,12 @@ func CopyFiles(ctx context.Context, from Sandbox, to []Sandbox, roots ...string)
 		wg.Wait()
 		return errors.Join(errs...)
 	}
-	run := func(sb Sandbox, argv ...string) error {
-		r, err := sb.Exec(ctx, ExecRequest{Argv: argv})
-		if err != nil {
-			return err
-		}
-		if r.ExitCode != 0 {
-			return fmt.Errorf("fork: %s exited %d: %s: %w", argv[0], r.ExitCode, r.Stderr, ErrSandboxFailed)
-		}
-		return nil
-	}
 	if len(dirs) > 0 {
-		if err := each(func(sb Sandbox) error { return run(sb, append([]string{"mkdir", "-p", "--"}, dirs...)...) }); err != nil {
+		var paths []string
+		for _, d := range dirs {
+			paths = append(paths, d.path)
+		}
+		if err := each(func(sb Sandbox) error { return runEach(ctx, sb, []string{"mkdir", "-p", "--"}, paths) }); err != nil {
 			return err
 		}
 	}
@@ -199,5 +248,99 @@ func CopyFiles(ctx context.Context, from Sandbox, to []Sandbox, roots ...string)
 			return err
 		}
 	}
+	for _, f := range fifos {
+		if err := each(func(sb Sandbox) error {
+			return run(sb, "mkfifo", "-m", fmt.Sprintf("%o", f.mode.Perm()), "--", f.path)
+		}); err != nil {
+			return err
+		}
+	}
+	// The directories' modes last, once nothing more is written into them.
+	return each(func(sb Sandbox) error { return chmodAll(ctx, sb, dirs) })
+}
+
+// entry is a path of a sandbox with its mode.
+type entry struct {
+	path string
+	mode fs.FileMode
+	dir  bool
+}
+
+// runArgv runs argv in sb, an error unless it exits 0.
+func runArgv(ctx context.Context, sb Sandbox, argv ...string) error {
+	r, err := sb.Exec(ctx, ExecRequest{Argv: argv})
+	if err != nil {
+		return err
+	}
+	if r.ExitCode != 0 {
+		return fmt.Errorf("fork: %s exited %d: %s: %w", argv[0], r.ExitCode, r.Stderr, ErrSandboxFailed)
+	}
 	return nil
+}
+
+// chmodAll gives every entry its mode in sb with as few chmods as it can:
+// the files first, then the directories deepest first (a directory
+// closed to its owner before what is in it got its mode would stop the
+// chmods below it).
+func chmodAll(ctx context.Context, sb Sandbox, es []entry) error {
+	type key struct {
+		depth int
+		mode  fs.FileMode
+	}
+	groups := map[key][]string{}
+	for _, e := range es {
+		k := key{-1, e.mode.Perm() | unixSpecial(e.mode)}
+		if e.dir {
+			k.depth = strings.Count(path.Clean(e.path), "/")
+		}
+		groups[k] = append(groups[k], e.path)
+	}
+	keys := make([]key, 0, len(groups))
+	for k := range groups {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		a, b := keys[i], keys[j]
+		if (a.depth < 0) != (b.depth < 0) {
+			return a.depth < 0 // files first
+		}
+		if a.depth != b.depth {
+			return a.depth > b.depth
+		}
+		return a.mode < b.mode
+	})
+	for _, k := range keys {
+		if err := runEach(ctx, sb, []string{"chmod", fmt.Sprintf("%o", k.mode), "--"}, groups[k]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runEach runs argv with paths appended, a thousand at a time.
+func runEach(ctx context.Context, sb Sandbox, argv, paths []string) error {
+	for len(paths) > 0 {
+		n := min(len(paths), 1000)
+		if err := runArgv(ctx, sb, append(slices.Clone(argv), paths[:n]...)...); err != nil {
+			return err
+		}
+		paths = paths[n:]
+	}
+	return nil
+}
+
+// unixSpecial is the setuid, setgid and sticky bits of m as the bits of a
+// numeric chmod mode.
+func unixSpecial(m fs.FileMode) fs.FileMode {
+	var out fs.FileMode
+	if m&fs.ModeSetuid != 0 {
+		out |= 0o4000
+	}
+	if m&fs.ModeSetgid != 0 {
+		out |= 0o2000
+	}
+	if m&fs.ModeSticky != 0 {
+		out |= 0o1000
+	}
+	return out
 }

@@ -85,6 +85,7 @@ func Run(t *testing.T, backend sandbox.Backend, opts Options) {
 		{"close during a running exec", s.closeWhileBusy},
 		{"after close nothing remains", s.nothingRemains},
 		{"a fork carries the files, each copy changes alone, and nothing remains", s.fork},
+		{"a fork carries what hostile commands left and keeps the parent's hardening", s.forkHostile},
 		{"an invalid spec is refused before anything starts", s.invalidSpec},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -702,5 +703,80 @@ func (s *suite) fork(t *testing.T) {
 				t.Errorf("after Close, child %s left %v", info.ID, left)
 			}
 		}
+	}
+}
+
+// forkHostile forks a sandbox whose commands left what a copy trips on:
+// files and a directory no one may read (their owner's: the commands'
+// user), a FIFO, a socket, a hard link, a symlink to a host file, names
+// with a newline and a leading dash, a read-only directory. The fork must
+// succeed (a fork failing there is the agent's doing, never an
+// infrastructure failure) and carry each as it was, the children must run
+// as hardened as the parent (user, capabilities, seccomp, read-only root,
+// no new privileges), and what a child changes through a hard link or a
+// file it makes readable must not reach the parent or its sibling.
+func (s *suite) forkHostile(t *testing.T) {
+	sb := s.new(t)
+	f, ok := sandbox.Find[sandbox.Forker](sb)
+	if !ok {
+		t.Fatalf("the %s backend's sandboxes do not implement sandbox.Forker", sb.Info().Backend)
+	}
+	ctx := ctxT(t, 3*time.Minute)
+	wd := sb.Info().Workdir
+	if wd == "" {
+		wd = "/work"
+	}
+	procs := s.opts.NoProcesses == ""
+	setup := "cd " + wd + " && echo secret > locked && chmod 000 locked && mkdir -p shut/in && echo inside > shut/in/f && chmod 000 shut" +
+		" && echo a > orig && mkdir ro && echo r > ro/f && chmod 555 ro && printf 'nl' > \"$(printf 'new\\nline')\" && echo d > ./-dash" +
+		" && ln -s /etc/passwd hostlink"
+	if procs {
+		setup += " && ln orig hard && mkfifo fifo && mkfifo /tmp/fifo && chmod 640 fifo" +
+			" && python3 -c 'import socket; socket.socket(socket.AF_UNIX).bind(\"sock\")' 2>/dev/null; true"
+	}
+	if r := s.sh(t, sb, setup); r.ExitCode != 0 {
+		t.Fatalf("setup: %+v", r)
+	}
+	kids, err := f.Fork(ctx, 2)
+	if err != nil {
+		t.Fatalf("Fork of a workspace its commands made: %v (infrastructure: %v)", err, sandbox.IsInfra(err))
+	}
+	defer sandbox.CloseAll(kids)
+	state := "cd " + wd + " && stat -c '%n %a' locked shut ro ro/f -dash && ls -1 | wc -l && ls -1 /tmp | wc -l"
+	hard := "id -u; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; touch /rootfs-write 2>/dev/null && echo root writable; true"
+	if procs {
+		state += " && stat -c '%n %a %F' fifo /tmp/fifo && cat hard"
+	}
+	want := s.sh(t, sb, state)
+	wantHard := s.sh(t, sb, hard)
+	for i, k := range kids {
+		if got := s.sh(t, k, state); string(got.Stdout) != string(want.Stdout) {
+			t.Errorf("child %d's files:\n%s\nthe parent's:\n%s", i, string(got.Stdout)+string(got.Stderr), string(want.Stdout)+string(want.Stderr))
+		}
+		if procs {
+			if got := s.sh(t, k, hard); string(got.Stdout) != string(wantHard.Stdout) {
+				t.Errorf("child %d runs as:\n%s\nthe parent as:\n%s", i, got.Stdout, wantHard.Stdout)
+			}
+		}
+		if got := s.sh(t, k, "cd "+wd+" && chmod 700 shut && cat shut/in/f && chmod 600 locked && cat locked"); string(got.Stdout) != "inside\nsecret\n" {
+			t.Errorf("child %d reads %+v", i, got)
+		}
+	}
+	// A child's changes stay its own.
+	change := "cd " + wd + " && echo child > shut/in/f && echo child > locked && rm -f ./-dash"
+	if procs {
+		change += " && echo child > hard"
+	}
+	if r := s.sh(t, kids[0], change); r.ExitCode != 0 {
+		t.Fatalf("child 0 changing its files: %+v", r)
+	}
+	if got := s.sh(t, sb, state); string(got.Stdout) != string(want.Stdout) {
+		t.Errorf("the parent's files after child 0 changed its own:\n%s\nwere:\n%s", string(got.Stdout)+string(got.Stderr), string(want.Stdout))
+	}
+	if got := s.sh(t, kids[1], "cd "+wd+" && cat shut/in/f locked"); string(got.Stdout) != "inside\nsecret\n" {
+		t.Errorf("child 1 after child 0 changed its own: %+v", got)
+	}
+	if got := s.sh(t, sb, "cd "+wd+" && cat orig"); string(got.Stdout) != "a\n" {
+		t.Errorf("the parent's hard-linked file after a child wrote its own: %q", got.Stdout)
 	}
 }
