@@ -29,7 +29,8 @@ type ForkResult struct {
 // parent goes on too.
 //
 // Unknown (or another tenant's) episode: 404; ended: 409 naming it and how
-// it ended; n out of range: 400; more than the open-episode capacity left:
+// it ended; files in its sandbox a fork cannot carry (on Docker a file
+// over sandbox.MaxFileBytes): 409 naming the file; n out of range: 400; more than the open-episode capacity left:
 // 429, nothing made; a sandbox backend failing midway: 503, nothing made
 // (all or nothing), counted as an infrastructure failure.
 func (s *Server) postFork(w http.ResponseWriter, r *http.Request) error {
@@ -97,6 +98,12 @@ func (s *Server) postFork(w http.ResponseWriter, r *http.Request) error {
 			return &apiError{Status: http.StatusConflict, Code: codeConflict, Field: "id", Message: err.Error()}
 		case errors.Is(err, agent.ErrForkUnsupported):
 			return &apiError{Status: http.StatusConflict, Code: codeConflict, Field: "id", Message: err.Error()}
+		case errors.Is(err, sandbox.ErrTooLarge) || (errors.Is(err, sandbox.ErrInvalidSpec) && !sandbox.IsInfra(err)):
+			// What the episode's own commands left cannot be carried (a
+			// file over what a copying fork reads): the episode's doing,
+			// not the infrastructure's.
+			return &apiError{Status: http.StatusConflict, Code: codeConflict, Field: "id",
+				Message: fmt.Sprintf("episode %s cannot be forked, because of the files in its sandbox; nothing was made: %v", ep.id, err)}
 		case sandbox.IsInfra(err) || sandbox.IsAbuse(err):
 			s.metrics.SandboxFailures.WithLabelValues(ep.backend).Inc()
 			s.log.Warn("fork failed: nothing was made", "episode", ep.id, "n", req.N, "err", err)

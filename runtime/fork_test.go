@@ -181,3 +181,41 @@ func TestAForkThatFailsMidwayMakesNoEpisodeAndIsInfrastructure(t *testing.T) {
 		t.Errorf("the parent after a failed fork: %d %+v", code, r)
 	}
 }
+
+// What an episode's own commands left in its sandbox can make a fork
+// impossible (on Docker a file over the 64 MiB a fork copies). That is
+// the episode's doing: a 409 naming the file, never a 503 counted as an
+// infrastructure failure (the trainer would retry it, and count the
+// agent's act as the infrastructure's), and the parent goes on.
+func TestAForkTheEpisodesOwnFilesPreventIsAConflictNotInfrastructure(t *testing.T) {
+	src := dockerBackends(t)
+	s := startService(t, "", func(o *runtime.Options) { o.Backends = src })
+	var opened struct{ ID string }
+	if code, _ := s.do("POST", "/v1/episodes", map[string]any{"task": dockerTask("fork-big")}, &opened); code != 201 {
+		t.Fatalf("open: %d", code)
+	}
+	t.Cleanup(func() { s.do("DELETE", "/v1/episodes/"+opened.ID, nil, nil) })
+	if code, r := bash(s, opened.ID, "head -c 70000000 /dev/zero > /work/big && echo made"); code != 200 || r.Results[0].Output != "made\n" {
+		t.Fatalf("step: %d %+v", code, r)
+	}
+	metric := func() string {
+		for _, l := range strings.Split(s.metrics(), "\n") {
+			if strings.HasPrefix(l, `rollbox_sandbox_create_failures_total{backend="docker"}`) {
+				return l
+			}
+		}
+		return "none"
+	}
+	failures := metric()
+	var e apiErr
+	code, _ := s.do("POST", "/v1/episodes/"+opened.ID+"/fork", map[string]any{"n": 2}, &e)
+	if code != http.StatusConflict || e.Error.Field != "id" || !strings.Contains(e.Error.Message, "/work/big") {
+		t.Errorf("fork: %d %+v, want 409 naming /work/big", code, e.Error)
+	}
+	if after := metric(); after != failures {
+		t.Errorf("the refused fork was counted as a sandbox failure: %v -> %v", failures, after)
+	}
+	if code, r := bash(s, opened.ID, "echo still here"); code != 200 || r.Results[0].Output != "still here\n" {
+		t.Errorf("the parent after the refused fork: %d %+v", code, r)
+	}
+}
