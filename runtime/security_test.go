@@ -133,6 +133,7 @@ func TestTenantsSeeAndTouchOnlyWhatTheyCreated(t *testing.T) {
 		{"POST", "/v1/rollouts/" + id + "/policy-version"}, {"GET", "/v1/episodes/" + episode},
 		{"GET", "/v1/episodes/" + opened.ID}, {"POST", "/v1/episodes/" + opened.ID + "/step"},
 		{"POST", "/v1/episodes/" + opened.ID + "/finish"}, {"DELETE", "/v1/episodes/" + opened.ID},
+		{"POST", "/v1/episodes/" + opened.ID + "/fork"},
 	} {
 		var body any
 		if req.method == "POST" {
@@ -143,6 +144,9 @@ func TestTenantsSeeAndTouchOnlyWhatTheyCreated(t *testing.T) {
 			if strings.HasSuffix(req.path, "/policy-version") {
 				body = map[string]any{"version": "v2"}
 			}
+			if strings.HasSuffix(req.path, "/fork") {
+				body = map[string]any{"n": 1}
+			}
 		}
 		var e apiErr
 		if code, _ := bob.do(req.method, req.path, body, &e); code != 404 {
@@ -151,6 +155,31 @@ func TestTenantsSeeAndTouchOnlyWhatTheyCreated(t *testing.T) {
 	}
 	if n := bob.rolloutCount(); n != 0 {
 		t.Errorf("bob lists %d rollouts", n)
+	}
+	// Alice's forks are hers: bob reaches none of them.
+	var forked runtime.ForkResult
+	if code, _ := alice.do("POST", "/v1/episodes/"+opened.ID+"/fork", map[string]any{"n": 1}, &forked); code != 201 || len(forked.IDs) != 1 {
+		t.Fatalf("alice forks her episode: %d %+v", code, forked)
+	}
+	child := forked.IDs[0]
+	for _, req := range []struct {
+		method, path string
+		body         any
+	}{
+		{"GET", "/v1/episodes/" + child, nil},
+		{"POST", "/v1/episodes/" + child + "/step", map[string]any{"tool_calls": []any{}, "content": "hi"}},
+		{"POST", "/v1/episodes/" + child + "/fork", map[string]any{"n": 1}},
+		{"POST", "/v1/episodes/" + child + "/finish", map[string]any{}},
+	} {
+		if code, _ := bob.do(req.method, req.path, req.body, nil); code != 404 {
+			t.Errorf("bob %s alice's fork %s: %d", req.method, req.path, code)
+		}
+	}
+	if code, _ := alice.do("POST", "/v1/episodes/"+child+"/finish", map[string]any{"answer": "done"}, nil); code != 200 {
+		t.Errorf("alice finishes her fork: %d", code)
+	}
+	if code, _ := bob.do("POST", "/v1/episodes/"+child+"/fork", map[string]any{"n": 1}, nil); code != 404 {
+		t.Errorf("bob forks alice's ended fork: %d, want 404 (not 409: it is not his to know of)", code)
 	}
 	// Bob announcing a version does not touch alice's rollouts.
 	var res runtime.PolicyVersionResult
