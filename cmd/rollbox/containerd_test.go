@@ -40,19 +40,25 @@ func needContainerd(t *testing.T) {
 	t.Skipf("no containerd or base image (run .ci/engine.sh and rollbox images build base): %v", err)
 }
 
+// The audit passes on containerd under runc and under gVisor (runsc through
+// containerd's runc shim).
 func TestAuditOnContainerdPassesEveryProbe(t *testing.T) {
 	t.Parallel() // waits on its containers
 	needContainerd(t)
 	setEnv(t, "ROLLBOX_OWNER", "rollbox-test-audit-containerd")
-	code, out, stderr := rollbox(t, "audit", "--backend", "containerd", "--json")
-	rep := decodeAudit(t, out)
-	for _, p := range rep.Probes {
-		if p.Status != "pass" && p.Status != "n/a" {
-			t.Errorf("%s: %s: %s", p.Name, p.Status, p.Evidence)
-		}
-	}
-	if code != exitOK || !rep.Pass || rep.Backend != "containerd" || len(rep.Loosened) != 0 {
-		t.Fatalf("exit %d, backend %s, pass %v, loosened %v: %s", code, rep.Backend, rep.Pass, rep.Loosened, stderr)
+	for _, rt := range []string{sandbox.RuntimeRunc, sandbox.RuntimeRunsc} {
+		t.Run(rt, func(t *testing.T) {
+			code, out, stderr := rollbox(t, "audit", "--backend", "containerd", "--runtime", rt, "--json")
+			rep := decodeAudit(t, out)
+			for _, p := range rep.Probes {
+				if p.Status != "pass" && p.Status != "n/a" {
+					t.Errorf("%s: %s: %s", p.Name, p.Status, p.Evidence)
+				}
+			}
+			if code != exitOK || !rep.Pass || rep.Backend != "containerd" || len(rep.Loosened) != 0 {
+				t.Fatalf("exit %d, backend %s, pass %v, loosened %v: %s", code, rep.Backend, rep.Pass, rep.Loosened, stderr)
+			}
+		})
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
@@ -124,6 +125,9 @@ func (b *Backend) HostFiles() []string {
 			seen[r] = true
 			out = append(out, r)
 		}
+	}
+	if _, err := os.Stat(filepath.Join(b.opts.StateDir, "runsc")); err == nil {
+		out = append(out, filepath.Join(b.opts.StateDir, "runsc"))
 	}
 	sort.Strings(out)
 	return append(out, b.opts.GuestPath)

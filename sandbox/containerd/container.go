@@ -65,7 +65,7 @@ func (c *Container) Info() sandbox.Info { return c.info }
 // make creates the lease, the container (an active snapshot of the image
 // as its root, mounted read-only by the runtime once the mount points are
 // made), its stdio FIFOs and its task, not started.
-func (c *Container) make(ctx context.Context, img client.Image, shim string, labels map[string]string) error {
+func (c *Container) make(ctx context.Context, img client.Image, shim string, shimOpts any, labels map[string]string) error {
 	b := c.b
 	l, err := b.newLease(ctx, c.id, labels)
 	if err != nil {
@@ -87,7 +87,7 @@ func (c *Container) make(ctx context.Context, img client.Image, shim string, lab
 		client.WithImage(img),
 		client.WithSnapshotter(Snapshotter),
 		client.WithNewSnapshot(c.id, img),
-		client.WithRuntime(shim, nil),
+		client.WithRuntime(shim, shimOpts),
 		client.WithNewSpec(b.ociSpec(c.spec, files)...),
 		withLabels(labels),
 	)

@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	runcoptions "github.com/containerd/containerd/api/types/runc/options"
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/contrib/seccomp"
 	"github.com/containerd/containerd/v2/core/containers"
@@ -54,12 +56,9 @@ const (
 	DefaultSpareIdle = 5 * time.Minute
 )
 
-// Runtime shims: runc through containerd's own v2 shim; gVisor through
-// containerd-shim-runsc-v1, which must be on the PATH of containerd.
-const (
-	ShimRunc  = "io.containerd.runc.v2"
-	ShimRunsc = "io.containerd.runsc.v1"
-)
+// ShimRunc is the runtime shim of every sandbox: containerd's runc v2
+// shim, with runc as its OCI binary, or runsc for gVisor (runtimeFor).
+const ShimRunc = "io.containerd.runc.v2"
 
 // user is the commands' user: nobody, numeric, so no image needs an
 // /etc/passwd entry for it.
@@ -113,6 +112,10 @@ type Backend struct {
 	layersMu sync.Mutex // guards layer.refs
 
 	spares spares
+
+	runscOnce sync.Once
+	runsc     string // the runsc wrapper (runtimeFor)
+	runscErr  error
 
 	mu       sync.Mutex
 	unpacked map[string]bool // image config digests known unpacked
@@ -235,7 +238,7 @@ func (b *Backend) create(ctx context.Context, spec sandbox.Spec) (*Container, er
 	if spec.Network != sandbox.NetworkNone {
 		return nil, &sandbox.FieldError{Field: "network", Message: fmt.Sprintf("%q: the containerd backend has no network but none (no CNI is configured); use the docker backend", spec.Network)}
 	}
-	shim, err := shimFor(spec.Runtime)
+	shim, shimOpts, err := b.runtimeFor(spec.Runtime)
 	if err != nil {
 		return nil, err
 	}
@@ -251,7 +254,7 @@ func (b *Backend) create(ctx context.Context, spec sandbox.Spec) (*Container, er
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
 	c := newContainer(b, id, spec, ref, digest)
-	if err := c.make(cctx, img, shim, labels); err != nil {
+	if err := c.make(cctx, img, shim, shimOpts, labels); err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -281,18 +284,66 @@ func (b *Backend) labels(spec sandbox.Spec) map[string]string {
 	return labels
 }
 
-// shimFor is the containerd runtime of an OCI runtime name.
-func shimFor(runtime string) (string, error) {
+// runtimeFor is the containerd runtime of an OCI runtime name: its shim and
+// the shim's options. gVisor runs as dockerd runs it: containerd's runc
+// shim with runsc as its OCI binary (through a wrapper that adds
+// --network=none, runscWrapper), not gVisor's own shim
+// (containerd-shim-runsc-v1), which sets its process's OOM score to -999
+// and fails where that is refused (no CAP_SYS_RESOURCE: RATIONALE.md).
+func (b *Backend) runtimeFor(runtime string) (shim string, opts any, err error) {
 	switch runtime {
 	case "", sandbox.RuntimeRunc:
-		return ShimRunc, nil
+		return ShimRunc, nil, nil
 	case sandbox.RuntimeRunsc:
-		if _, err := exec.LookPath("containerd-shim-runsc-v1"); err != nil {
-			return "", fmt.Errorf("runtime runsc on containerd needs containerd-shim-runsc-v1 on the PATH (Debian's runsc package has none; build it with `go install gvisor.dev/gvisor/shim@latest` and install it as containerd-shim-runsc-v1): %w", sandbox.ErrEngineUnavailable)
+		b.runscOnce.Do(func() { b.runsc, b.runscErr = writeRunscWrapper(b.opts.StateDir) })
+		if b.runscErr != nil {
+			return "", nil, b.runscErr
 		}
-		return ShimRunsc, nil
+		return ShimRunc, &runcoptions.Options{BinaryName: b.runsc}, nil
 	}
-	return "", &sandbox.FieldError{Field: "runtime", Message: fmt.Sprintf("%q is not one of runc, runsc", runtime)}
+	return "", nil, &sandbox.FieldError{Field: "runtime", Message: fmt.Sprintf("%q is not one of runc, runsc", runtime)}
+}
+
+// writeRunscWrapper writes, in dir, the OCI binary the runc shim runs for
+// gVisor: runsc with --network=none (as dockerd's runtimes wrapper does).
+// runsc's default network mode builds its network from the interfaces of
+// the container's network namespace, which it must be given by path (a
+// CNI's); a sandbox has none, so runsc runs with no network stack beyond
+// its loopback.
+func writeRunscWrapper(dir string) (string, error) {
+	bin, err := exec.LookPath("runsc")
+	if err != nil {
+		return "", fmt.Errorf("runtime runsc on containerd needs gVisor's runsc on the PATH (apt-get install runsc): %w", sandbox.ErrEngineUnavailable)
+	}
+	if bin, err = filepath.Abs(bin); err != nil {
+		return "", fmt.Errorf("runsc: %v: %w", err, sandbox.ErrEngineUnavailable)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("runsc wrapper: %v: %w", err, sandbox.ErrSandboxFailed)
+	}
+	script := "#!/bin/sh\nexec " + strconv.Quote(bin) + " --network=none \"$@\"\n"
+	path := filepath.Join(dir, "runsc")
+	if old, err := os.ReadFile(path); err == nil && string(old) == script {
+		return path, nil
+	}
+	tmp, err := os.CreateTemp(dir, ".runsc-*")
+	if err != nil {
+		return "", fmt.Errorf("runsc wrapper: %v: %w", err, sandbox.ErrSandboxFailed)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.WriteString(script); err != nil {
+		tmp.Close()
+		return "", fmt.Errorf("runsc wrapper: %v: %w", err, sandbox.ErrSandboxFailed)
+	}
+	if err := tmp.Chmod(0o755); err != nil {
+		tmp.Close()
+		return "", fmt.Errorf("runsc wrapper: %v: %w", err, sandbox.ErrSandboxFailed)
+	}
+	tmp.Close()
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return "", fmt.Errorf("runsc wrapper: %v: %w", err, sandbox.ErrSandboxFailed)
+	}
+	return path, nil
 }
 
 // ociSpec is the hardened OCI spec of a sandbox: the guest as PID 1, no

@@ -154,9 +154,13 @@ func remains(t *testing.T, info sandbox.Info) []string {
 }
 
 func TestConformance(t *testing.T) {
-	b := need(t)
-	sandboxtest.Run(t, b, sandboxtest.Options{
-		Spec:    sandbox.Spec{Image: "base", Runtime: sandbox.RuntimeRunc},
-		Remains: remains,
-	})
+	for _, rt := range []string{sandbox.RuntimeRunc, sandbox.RuntimeRunsc} {
+		t.Run(rt, func(t *testing.T) {
+			b := need(t)
+			sandboxtest.Run(t, b, sandboxtest.Options{
+				Spec:    sandbox.Spec{Image: "base", Runtime: rt},
+				Remains: remains,
+			})
+		})
+	}
 }

@@ -10,8 +10,8 @@
 // containerd's default seccomp profile, a read-only root, size-limited
 // tmpfs for the workdir and /tmp (1777), memory (swap equal to it), a CPU
 // quota and a pids limit through the cgroup, user 65534:65534. Runtimes:
-// runc (io.containerd.runc.v2) and gVisor (io.containerd.runsc.v1, when a
-// containerd-shim-runsc-v1 is installed).
+// runc and gVisor's runsc, both through containerd's runc shim
+// (io.containerd.runc.v2), as dockerd runs them.
 //
 // Images come from the same recipes as Docker's, imported into containerd's
 // content store from an archive (Import; `rollbox images build` does it).
