@@ -37,6 +37,7 @@ probes it opens. SECURITY.md describes every probe.
 Exit status: 0 when every probe passed, 1 when one failed, 2 for bad input.`,
 		Example: `  rollbox audit --json
   rollbox audit --runtime runsc
+  rollbox audit --backend containerd --runtime runsc
   rollbox audit --backend wasm
   rollbox audit --tasks examples/coding/docker-tasks.jsonl --task fix-add-pytest
   rollbox audit verify-log audit.jsonl`,
@@ -46,7 +47,7 @@ Exit status: 0 when every probe passed, 1 when one failed, 2 for bad input.`,
 	fs := cmd.Flags()
 	fs.SortFlags = false
 	backendName := fs.String("backend", "docker", "sandbox backend: docker, containerd or wasm")
-	runtimeName := fs.String("runtime", "", "OCI runtime for docker: runc (default) or runsc")
+	runtimeName := fs.String("runtime", "", "OCI runtime for docker and containerd: runc (default) or runsc (gVisor)")
 	image := fs.String("image", "", "image `NAME`: a recipe name (base, python) or docker:NAME:TAG (default base)")
 	network := fs.String("network", "", "network: none (default) or bridge, which loosens isolation and fails the network probes")
 	tasksFile := fs.String("tasks", "", "audit the sandbox a task of this task `FILE` asks for (with --task)")

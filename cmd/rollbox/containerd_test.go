@@ -48,6 +48,7 @@ func TestAuditOnContainerdPassesEveryProbe(t *testing.T) {
 	setEnv(t, "ROLLBOX_OWNER", "rollbox-test-audit-containerd")
 	for _, rt := range []string{sandbox.RuntimeRunc, sandbox.RuntimeRunsc} {
 		t.Run(rt, func(t *testing.T) {
+			t.Parallel()
 			code, out, stderr := rollbox(t, "audit", "--backend", "containerd", "--runtime", rt, "--json")
 			rep := decodeAudit(t, out)
 			for _, p := range rep.Probes {

@@ -37,7 +37,7 @@ bridge are the Docker backend's and are refused there.`,
 	fs.SetInterspersed(false)
 	backendName := fs.String("backend", defaultBackend, "sandbox backend: wasm, docker or containerd")
 	image := fs.String("image", "", "docker image `NAME`: a recipe name (base, python) or docker:NAME:TAG (default base)")
-	runtimeName := fs.String("runtime", "", "OCI runtime for docker: runc (default) or runsc")
+	runtimeName := fs.String("runtime", "", "OCI runtime for docker and containerd: runc (default) or runsc (gVisor)")
 	network := fs.String("network", sandbox.NetworkNone, "network: none, or bridge on docker (loosens isolation)")
 	timeout := fs.Duration("timeout", 0, "wall-clock limit of the command (default: the spec's)")
 	memory := fs.Int("memory", 0, "memory limit in MB (default 512)")

@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/pkg/cio"
+	"golang.org/x/sys/unix"
 
 	"github.com/rollbox/rollbox/internal/guesthost"
 	"github.com/rollbox/rollbox/sandbox"
@@ -241,8 +244,19 @@ func (b *Backend) removeOnce(ctx context.Context, c *Container) error {
 				c.exit = ch
 			}
 		}
-		if err := c.task.Kill(ctx, syscall.SIGKILL, client.WithKillAll); err != nil && !isNotFound(err) && !isNotRunning(err) {
-			errs = append(errs, fmt.Errorf("kill: %w", err))
+		// Under runsc the task's process is the sandbox's sentry: killing
+		// it on the host ends every process of the sandbox at once.
+		// `runsc kill --all` (what the shim runs for a kill of all) asks
+		// the sentry to pause every task first, and waits forever on a
+		// sentry that does not answer or on a task stuck in a call to a
+		// gofer that does not.
+		if !killSentry(c.task.Pid(), c.id) {
+			kctx, cancel := context.WithTimeout(ctx, killTimeout)
+			err := c.task.Kill(kctx, syscall.SIGKILL, client.WithKillAll)
+			cancel()
+			if err != nil && !isNotFound(err) && !isNotRunning(err) {
+				errs = append(errs, fmt.Errorf("kill: %w", err))
+			}
 		}
 		if c.exit != nil {
 			select {
@@ -250,7 +264,10 @@ func (b *Backend) removeOnce(ctx context.Context, c *Container) error {
 			case <-time.After(10 * time.Second):
 			}
 		}
-		if _, err := c.task.Delete(ctx); err != nil && !isNotFound(err) {
+		dctx, cancel := context.WithTimeout(ctx, deleteTimeout)
+		_, err := c.task.Delete(dctx)
+		cancel()
+		if err != nil && !isNotFound(err) {
 			errs = append(errs, fmt.Errorf("delete task: %w", err))
 		}
 	}
@@ -284,6 +301,39 @@ func (b *Backend) removeOnce(ctx context.Context, c *Container) error {
 		return err
 	}
 	return nil
+}
+
+// Each call of a removal gets at most this long, so one that hangs leaves
+// the removal's later attempts their time.
+const (
+	killTimeout   = 10 * time.Second
+	deleteTimeout = 30 * time.Second
+)
+
+// killSentry sends SIGKILL to the host process pid if it is the sentry of
+// the runsc sandbox id (its command line is runsc-sandbox's, ending with
+// the id), through a pidfd, so a pid reused after the sentry was reaped is
+// never signalled. It says whether it killed one.
+func killSentry(pid uint32, id string) bool {
+	if pid == 0 {
+		return false
+	}
+	fd, err := unix.PidfdOpen(int(pid), 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	// Read after the pidfd is open: if pid is still the sentry's now, the
+	// pidfd is the sentry's (if it has died since, the signal fails).
+	b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/cmdline")
+	if err != nil {
+		return false
+	}
+	args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+	if len(args) < 2 || args[0] != "runsc-sandbox" || args[len(args)-1] != id {
+		return false
+	}
+	return unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil
 }
 
 func isNotRunning(err error) bool {
