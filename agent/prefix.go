@@ -149,6 +149,10 @@ type PrefixGroup struct {
 	Name string
 	Size int
 	Dir  string
+	// Ran is how many times an earlier process ran this group's prefix (a
+	// resumed `rollbox run`): its runs here are numbered after them, so no
+	// record in Dir is written over.
+	Ran int
 
 	// opening counts the episodes in branch that have no fork yet: the
 	// next Fork makes one for each of them.
@@ -232,7 +236,7 @@ func (g *PrefixGroup) runPrefix(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	g.runs++
+	g.runs = max(g.runs, g.Ran) + 1
 	pcfg := cfg
 	pcfg.Prefix, pcfg.Retry, pcfg.OnOpen = nil, Retry{}, nil
 	pcfg.EpisodeID = g.Name + ".prefix"

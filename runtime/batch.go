@@ -54,6 +54,10 @@ type BatchConfig struct {
 	// (default 3, as the service); the failed attempts' records go to
 	// OutDir/attempts/.
 	InfraAttempts int
+	// Resume, if set, is what an earlier process of this batch (same
+	// RolloutID, Tasks, Group and OutDir) recorded (RecoverBatch): those
+	// episodes are counted, not run again.
+	Resume *BatchRecord
 }
 
 // Summary is summary.json.
@@ -303,12 +307,26 @@ func RunBatch(ctx context.Context, cfg BatchConfig) (*Summary, error) {
 feed:
 	for _, t := range cfg.Tasks {
 		p := newPlan(t, cfg.Backend, nil)
+		var todo []int
+		for g := range cfg.Group {
+			if r := cfg.Resume.recorded(episodeID(cfg.RolloutID, t.ID, g)); r != nil {
+				mu.Lock()
+				results = append(results, r)
+				started++
+				mu.Unlock()
+				continue
+			}
+			todo = append(todo, g)
+		}
 		var pg *agent.PrefixGroup
-		if t.Prefix != nil {
-			pg = &agent.PrefixGroup{Name: groupID(cfg.RolloutID, t.ID), Size: cfg.Group, Dir: filepath.Join(cfg.OutDir, "prefixes")}
+		if t.Prefix != nil && len(todo) > 0 {
+			pg = &agent.PrefixGroup{Name: groupID(cfg.RolloutID, t.ID), Size: len(todo), Dir: filepath.Join(cfg.OutDir, "prefixes")}
+			if cfg.Resume != nil {
+				pg.Ran = cfg.Resume.PrefixRuns[pg.Name]
+			}
 			prefixes = append(prefixes, pg)
 		}
-		for g := range cfg.Group {
+		for _, g := range todo {
 			select {
 			case jobs <- job{p, g, pg}:
 			case <-ctx.Done():

@@ -41,9 +41,16 @@ Exit status: 0 when every episode ran to a recorded end, whatever its reward;
 1 for a runtime failure, or when no episode could be scored (summary.json's
 reward_mean is null then); 2 for bad input (nothing is started); 130 or 143
 when SIGINT or SIGTERM stopped the run (summary.json says interrupted: true,
-with the planned and started counts).`,
+with the planned and started counts).
+
+A run stopped by a signal or killed (SIGKILL, the OOM killer, a reboot) is
+continued by --resume OUT with the same task file: the episodes it recorded
+are kept, those that were running become interrupted records (their policy
+calls were spent; they are not run again), the rest run, and summary.json
+covers them all. The policy may be given anew (another server).`,
 		Example: `  rollbox run --tasks examples/coding/tasks.jsonl --policy scripted:examples/coding/policy.jsonl --group 2
-  rollbox run --tasks tasks.jsonl --policy 'openai:http://127.0.0.1:8000/v1#model=Qwen3-8B' --group 8 --concurrency 64`,
+  rollbox run --tasks tasks.jsonl --policy 'openai:http://127.0.0.1:8000/v1#model=Qwen3-8B' --group 8 --concurrency 64
+  rollbox run --resume out/r20260101T000000-0123456789ab --tasks tasks.jsonl --policy 'openai:http://127.0.0.1:8000/v1#model=Qwen3-8B'`,
 		Args: noArgs,
 	}
 	fs := cmd.Flags()
@@ -55,6 +62,7 @@ with the planned and started counts).`,
 	concurrency := fs.Int("concurrency", 4, "episodes in flight at once")
 	forkSpares := addForkSparesFlag(fs)
 	out := fs.String("out", "", "output `DIR` (default out/<rollout id>)")
+	resume := fs.String("resume", "", "continue the run in `DIR` (the --out of a run a signal or a kill stopped) with the same --tasks file and --group: its episodes' journals are kept as interrupted records, the episodes it never started run now, and summary.json covers them all")
 	var temperature optionalFloat
 	fs.Var(&temperature, "temperature", "sampling temperature sent to an openai policy (default: the server's)")
 	maxTokens := fs.Int64("max-tokens", 0, "max tokens per model turn sent to an openai policy")
@@ -71,6 +79,27 @@ with the planned and started counts).`,
 		}
 		if *policySpec == "" {
 			return usagef("--policy is required: scripted:FILE.jsonl | openai:BASE_URL[#model=NAME[&mode=tokens]] | replay:DIR")
+		}
+		var resumed *outDir
+		var marker *runMarker
+		if *resume != "" {
+			if *out != "" {
+				return usagef("--resume %s and --out %s contradict each other: a resumed run writes to its own directory", *resume, *out)
+			}
+			var err error
+			if resumed, marker, err = resumeOutDir(*resume); err != nil {
+				return err
+			}
+			defer resumed.unlock()
+			for name, recorded := range map[string]string{"group": strconv.Itoa(marker.Group), "backend": marker.Backend} {
+				if f := cmd.Flags().Lookup(name); f.Changed && f.Value.String() != recorded {
+					return usagef("--%s %s: the run in %s has --%s %s; a resumed run keeps it", name, f.Value, *resume, name, recorded)
+				}
+			}
+			*group, *backendName, *out = marker.Group, marker.Backend, *resume
+			if !cmd.Flags().Changed("concurrency") && marker.Concurrency > 0 {
+				*concurrency = marker.Concurrency
+			}
 		}
 		if *group < 1 || *group > 4096 {
 			return usagef("--group %d is outside 1..4096", *group)
@@ -125,15 +154,34 @@ with the planned and started counts).`,
 		if *maxTokens > 0 {
 			sampling.MaxTokens = maxTokens
 		}
-		rolloutID := runtime.NewID("r")
-		if *out == "" {
-			*out = filepath.Join("out", rolloutID)
-		}
 		total := len(tasks) * *group
-		claim, err := claimOutDir(*out, runMarker{RolloutID: rolloutID, StartedAt: time.Now().UTC(), Tasks: absPath(*tasksFile),
-			Policy: info.Kind + ":" + info.Endpoint, Group: *group, Concurrency: *concurrency, Backend: *backendName, Version: versionString()})
-		if err != nil {
-			return err
+		var rolloutID string
+		var claim *outDir
+		var before *runtime.BatchRecord
+		if resumed != nil {
+			rolloutID, claim = marker.RolloutID, resumed
+			if marker.TasksHash != "" && marker.TasksHash != tasksHash(tasks) {
+				return usagef("--tasks %s: not the tasks the run in %s began with (%s): resume with that file, unchanged", *tasksFile, *out, marker.Tasks)
+			}
+			if before, err = runtime.RecoverBatch(*out, rolloutID, tasks, *group); err != nil {
+				return usagef("--resume %s: %v", *out, err)
+			}
+			if err := claim.markResumed(marker); err != nil {
+				return err
+			}
+			fmt.Fprintf(env.stderr, "rollbox run: resuming %s in %s: %d of %d episode(s) recorded (%d journal(s) of running episodes kept as interrupted records), %d to run\n",
+				rolloutID, *out, len(before.Episodes), total, before.Recovered, total-len(before.Episodes))
+		} else {
+			rolloutID = runtime.NewID("r")
+			if *out == "" {
+				*out = filepath.Join("out", rolloutID)
+			}
+			claim, err = claimOutDir(*out, runMarker{RolloutID: rolloutID, StartedAt: time.Now().UTC(), Tasks: absPath(*tasksFile), TasksHash: tasksHash(tasks),
+				Policy: info.Kind + ":" + info.Endpoint, Group: *group, Concurrency: *concurrency, Backend: *backendName, Version: versionString()})
+			if err != nil {
+				return err
+			}
+			defer claim.unlock()
 		}
 		backends := newBackendSet(env.stderr, env.cfg)
 		backends.opts.auditLog = *auditLog
@@ -155,6 +203,9 @@ with the planned and started counts).`,
 
 		prog := newProgress(env.stderr, total)
 		defer prog.stop()
+		if before != nil {
+			prog.resumed(before.Episodes)
+		}
 		fmt.Fprintf(env.stderr, "rollbox run: %d task(s) × %d = %d episode(s), concurrency %d, default backend %s, policy %s → %s\n",
 			len(tasks), *group, total, *concurrency, *backendName, info.Kind, *out)
 		sum, err := runtime.RunBatch(ctx, runtime.BatchConfig{
@@ -163,7 +214,7 @@ with the planned and started counts).`,
 			Policy: policy, PolicyInfo: info, Sampling: sampling, RolloutID: rolloutID,
 			OnEpisode: prog.episode, OnStep: prog.step, ConfigureEpisode: prog.counting(indexes.configure),
 			Judges:         judge.NewPool(env.judgeOptions(jf, judgeSpecs(tasks))),
-			SubagentPolicy: subPolicies, TrainStep: *trainStep,
+			SubagentPolicy: subPolicies, TrainStep: *trainStep, Resume: before,
 		})
 		prog.stop()
 		if sum == nil {
@@ -190,8 +241,8 @@ with the planned and started counts).`,
 		fmt.Fprintf(env.stderr, "rollbox run: wrote %s and %s\n", filepath.Join(*out, "episodes")+string(filepath.Separator), filepath.Join(*out, "summary.json"))
 		switch {
 		case sum.Interrupted:
-			fmt.Fprintf(env.stderr, "rollbox run: %s: %d of %d planned episode(s) started, %d recorded (summary.json says interrupted: true)\n",
-				sum.Message, sum.Started, sum.Planned, sum.Episodes)
+			fmt.Fprintf(env.stderr, "rollbox run: %s: %d of %d planned episode(s) started, %d recorded (summary.json says interrupted: true); rollbox run --resume %s --tasks %s --policy ... continues it\n",
+				sum.Message, sum.Started, sum.Planned, sum.Episodes, *out, *tasksFile)
 			return interrupted(env, ctx, err)
 		case err != nil:
 			return err
@@ -484,16 +535,12 @@ func (p *progress) counting(configure func(*agent.Config) error) func(*agent.Con
 func (p *progress) episode(t *trajectory.Trajectory, done, total int) {
 	p.mu.Lock()
 	p.done = done
-	if v, ok := t.Value(); ok {
-		p.scored++
-		p.rewards += v
-	}
+	p.count(t)
+	p.mu.Unlock()
 	reason := "?"
 	if t.Termination != nil {
 		reason = t.Termination.Reason
 	}
-	p.ends[reason]++
-	p.mu.Unlock()
 	if p.tty {
 		return
 	}
@@ -509,6 +556,30 @@ func (p *progress) episode(t *trajectory.Trajectory, done, total int) {
 	}
 	fmt.Fprintf(p.w, "[%d/%d] %s  %s  %s  turns %d  tool errors %d%s\n", done, total, t.EpisodeID, reason, rw,
 		t.Stats.Turns, sumCounts(t.Stats.ToolErrors), msg)
+}
+
+// count adds t's end and reward to the totals, under p.mu.
+func (p *progress) count(t *trajectory.Trajectory) {
+	if v, ok := t.Value(); ok {
+		p.scored++
+		p.rewards += v
+	}
+	reason := "?"
+	if t.Termination != nil {
+		reason = t.Termination.Reason
+	}
+	p.ends[reason]++
+}
+
+// resumed counts the episodes an earlier process of a resumed run recorded.
+func (p *progress) resumed(ts map[string]*trajectory.Trajectory) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, t := range ts {
+		p.count(t)
+	}
+	p.done += len(ts)
+	p.started.Add(int64(len(ts)))
 }
 
 func (p *progress) stop() {
