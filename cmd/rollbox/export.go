@@ -51,12 +51,19 @@ files only, so it works while the service runs.`,
 		}
 		var ts []*trajectory.Trajectory
 		var skipped []string
+		unended := 0 // journals: episodes running now, or left by a killed run
 		for _, dir := range episodeDirs(*from) {
 			got, sk, err := runtime.LoadEpisodes(dir, *rollout)
 			if err != nil {
 				return usagef("--from: %v", err)
 			}
 			ts, skipped = append(ts, got...), append(skipped, sk...)
+			journals, _ := filepath.Glob(filepath.Join(dir, "*"+trajectory.PartialSuffix))
+			for _, j := range journals {
+				if *rollout == "" || strings.HasPrefix(filepath.Base(j), *rollout+".") {
+					unended++
+				}
+			}
 		}
 		sort.SliceStable(ts, func(i, j int) bool { return ts[i].RolloutID < ts[j].RolloutID })
 		for _, sk := range skipped {
@@ -82,6 +89,9 @@ files only, so it works while the service runs.`,
 		fmt.Fprintf(env.stderr, "rollbox export: %d episode(s) of %s from %s as %s", len(ts), runCounts(ts), *from, *format)
 		if len(skipped) > 0 {
 			fmt.Fprintf(env.stderr, "; %d unreadable record(s) skipped", len(skipped))
+		}
+		if unended > 0 {
+			fmt.Fprintf(env.stderr, "; %d episode(s) not ended, not exported (journals of episodes running now, or of a killed run: rollbox run --resume finalizes and continues it)", unended)
 		}
 		fmt.Fprintln(env.stderr)
 		return nil

@@ -57,6 +57,10 @@ func TestARunKilledMidwayIsResumedWithNothingLostOrRunTwice(t *testing.T) {
 		}
 		return m
 	}
+	if code, _, stderr := rollbox(t, "export", "--from", out, "--format", "jsonl", "--out", filepath.Join(dir, "x.jsonl")); code != 0 ||
+		!strings.Contains(stderr, "3 episode(s) of") || !strings.Contains(stderr, "; 2 episode(s) not ended, not exported") {
+		t.Errorf("export of the killed run: exit %d %s", code, stderr)
+	}
 	before := recorded()
 	if len(before) != 3 || before["quick.0"] == nil || before["quick.2"] == nil {
 		t.Fatalf("before the resume: %d records", len(before))
