@@ -44,3 +44,24 @@ func TestAToolCallThatNeverRanIsNoUsefulWorkForRParallel(t *testing.T) {
 		t.Errorf("reward %v, components %v: want 1 useful sub-agent, r_parallel 0.25, total 1.125", *tr.Reward.Total, fmt.Sprint(c))
 	}
 }
+
+// The same sub-task spawned parallel_cap times is one useful sub-agent for
+// r_parallel, not parallel_cap: else an orchestrator farms r_parallel with
+// one look-up repeated.
+func TestARepeatedSubtaskIsUsefulOnceForRParallel(t *testing.T) {
+	task := loadTask(t, `{"id": "orch", "prompt": "Work with sub-agents.", "sandbox": {"backend": "wasm"},
+	 "files": {"/work/task.txt": "the task's file\n"}, "tools": ["bash", "finish"],
+	 "orchestrator": {"subagent_policy": "frozen", "max_parallel": 4},
+	 "reward": {"type": "parl", "perf": {"type": "exact", "answer": "done"}, "lambda_parallel": 0.5, "lambda_finish": 0, "parallel_cap": 4},
+	 "limits": {"max_turns": 8}}`)
+	work := []agent.Turn{calls("bash", `{"command": "cat /work/task.txt"}`), calls("finish", `{"answer": "an answer"}`)}
+	sub := &promptPolicy{turns: map[string][]agent.Turn{"look": work, " look ": work, "other": work}}
+	orch := &turnsPolicy{turns: []agent.Turn{calls("spawn_subagents", spawn("look", "look", " look ", "other")), calls("finish", `{"answer": "done"}`)}}
+	tr := runEpisode(t, task, orch, withSubagents(sub))
+	if tr.Reward == nil || len(tr.Subagents) != 4 {
+		t.Fatalf("reward %+v, %d sub-agents", tr.Reward, len(tr.Subagents))
+	}
+	if c := tr.Reward.Components; c["useful_subagents"] != 2 || c["r_parallel"] != 0.5 {
+		t.Errorf("components %v: want 2 useful sub-agents (look, other), r_parallel 0.5", c)
+	}
+}

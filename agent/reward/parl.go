@@ -110,7 +110,8 @@ func (s *Spec) validateParl(field string) error {
 //   - r_perf is the perf reward's total (unscored perf: unscored parl);
 //   - r_parallel = min(useful, cap) / cap, useful being the sub-agents that
 //     finished with a non-empty answer after at least one tool call
-//     besides finish (real work), cap parallel_cap (default 4);
+//     besides finish that the tool ran (real work), a prompt repeated
+//     counting once, cap parallel_cap (default 4);
 //   - r_finish = the fraction of the spawned sub-agents that finished with
 //     a non-empty answer (0 when none was spawned);
 //   - r_latency = min(1, critical_steps / latency.steps), weighted by
@@ -137,8 +138,12 @@ func parl(ctx context.Context, s Spec, in Input) (*trajectory.Reward, error) {
 		capN = DefaultParallelCap
 	}
 	var useful, finished int
+	usefulPrompts := map[string]bool{}
 	for _, sa := range in.Subagents {
-		if sa.Useful {
+		// A sub-task repeated counts once: else the same look-up spawned
+		// parallel_cap times earns the whole r_parallel.
+		if p := strings.TrimSpace(sa.Prompt); sa.Useful && !usefulPrompts[p] {
+			usefulPrompts[p] = true
 			useful++
 		}
 		if sa.Finished {

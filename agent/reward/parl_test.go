@@ -37,7 +37,7 @@ func TestTheParlRewardRecordsEachComponent(t *testing.T) {
 		t.Fatal(err)
 	}
 	subs := []trajectory.Subagent{
-		{Finished: true, Useful: true}, {Finished: true, Useful: true}, {Finished: true, Useful: true}, // capped at 2
+		{Prompt: "a", Finished: true, Useful: true}, {Prompt: "b", Finished: true, Useful: true}, {Prompt: "c", Finished: true, Useful: true}, // capped at 2
 		{Finished: true}, // answered without working: finished, not useful
 		{End: "timeout"}, // neither
 	}
