@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -74,33 +75,52 @@ func (s *Server) run(ctx context.Context, req *guestproto.Exec) (*guestproto.Exe
 		return finish(), nil
 	}
 
-	// Pipes: the child's ends go to the fork, ours are read until EOF.
-	var stdinR *os.File
+	// Pipes: the child's ends (plain descriptors, blocking) go to the
+	// fork and are closed here after it; ours are read (or written) until
+	// EOF through the runtime's poller. Without stdin the child reads the
+	// server's /dev/null.
 	var stdinW *os.File
-	if len(req.Stdin) > 0 {
-		if stdinR, stdinW, err = os.Pipe(); err != nil {
+	stdinR, closeStdinR := s.devNull, false
+	switch {
+	case len(req.Stdin) > 0:
+		if stdinR, stdinW, err = childPipe(false); err != nil {
 			return nil, err
 		}
-	} else if stdinR, err = os.Open(os.DevNull); err != nil {
+		closeStdinR = true
+	case stdinR < 0:
+		if stdinR, err = syscall.Open(os.DevNull, syscall.O_RDONLY|syscall.O_CLOEXEC, 0); err != nil {
+			return nil, os.NewSyscallError("open /dev/null", err)
+		}
+		closeStdinR = true
+	}
+	closeChildEnds := func(fds ...int) {
+		if closeStdinR {
+			syscall.Close(stdinR)
+		}
+		for _, fd := range fds {
+			syscall.Close(fd)
+		}
+	}
+	outW, outR, err := childPipe(true)
+	if err != nil {
+		closeChildEnds()
+		if stdinW != nil {
+			stdinW.Close()
+		}
 		return nil, err
 	}
-	outR, outW, err := os.Pipe()
+	errW, errR, err := childPipe(true)
 	if err != nil {
-		stdinR.Close()
-		return nil, err
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		stdinR.Close()
+		closeChildEnds(outW)
 		outR.Close()
-		outW.Close()
+		if stdinW != nil {
+			stdinW.Close()
+		}
 		return nil, err
 	}
 	oomBefore := s.oom.count()
-	pid, status, err := s.procs.spawn(ctx, path, argv, req.Env, req.Workdir, []uintptr{stdinR.Fd(), outW.Fd(), errW.Fd()})
-	stdinR.Close()
-	outW.Close()
-	errW.Close()
+	pid, status, err := s.procs.spawn(ctx, path, argv, req.Env, req.Workdir, []uintptr{uintptr(stdinR), uintptr(outW), uintptr(errW)})
+	closeChildEnds(outW, errW)
 	if err != nil {
 		outR.Close()
 		errR.Close()
@@ -227,6 +247,28 @@ wait:
 	}
 	s.leave()
 	return finish(), nil
+}
+
+// childPipe makes a pipe whose one end is a command's (a plain blocking
+// descriptor, close-on-exec: the fork dups it) and whose other is ours, in
+// the runtime's poller; childWrites says which end the child writes to.
+// (os.Pipe puts both ends in the poller, and handing one to a fork takes it
+// out again: twice the system calls for every command.)
+func childPipe(childWrites bool) (child int, ours *os.File, err error) {
+	var p [2]int
+	if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {
+		return -1, nil, os.NewSyscallError("pipe2", err)
+	}
+	child, mine := p[0], p[1]
+	if childWrites {
+		child, mine = p[1], p[0]
+	}
+	if err := syscall.SetNonblock(mine, true); err != nil {
+		syscall.Close(p[0])
+		syscall.Close(p[1])
+		return -1, nil, os.NewSyscallError("fcntl", err)
+	}
+	return child, os.NewFile(uintptr(mine), "|"+strconv.Itoa(mine)), nil
 }
 
 // killSession kills a command's session, in a request slot: it reads the

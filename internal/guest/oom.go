@@ -17,29 +17,33 @@ import (
 type oomCounter struct {
 	path   string // memory.oom_control (v1) or memory.events (v2); "" when neither is visible
 	source string
+	fd     int // path, kept open: a count is one pread (every command takes one)
 }
 
 func newOOMCounter() oomCounter {
 	for _, c := range []oomCounter{
-		{"/sys/fs/cgroup/memory/memory.oom_control", "cgroup1"},
-		{"/sys/fs/cgroup/memory.events", "cgroup2"},
+		{"/sys/fs/cgroup/memory/memory.oom_control", "cgroup1", -1},
+		{"/sys/fs/cgroup/memory.events", "cgroup2", -1},
 	} {
-		if _, err := os.Stat(c.path); err == nil {
+		if fd, err := syscall.Open(c.path, syscall.O_RDONLY|syscall.O_CLOEXEC, 0); err == nil {
+			c.fd = fd
 			return c
 		}
 	}
-	return oomCounter{source: "none"}
+	return oomCounter{source: "none", fd: -1}
 }
 
 func (c oomCounter) count() int64 {
-	if c.path == "" {
+	if c.fd < 0 {
 		return 0
 	}
-	b, err := os.ReadFile(c.path)
-	if err != nil {
+	// Either file is a few lines: one read from the start has all of it.
+	var buf [1024]byte
+	n, err := syscall.Pread(c.fd, buf[:], 0)
+	if err != nil || n <= 0 {
 		return 0
 	}
-	for line := range bytes.SplitSeq(b, []byte("\n")) {
+	for line := range bytes.SplitSeq(buf[:n], []byte("\n")) {
 		if v, ok := bytes.CutPrefix(line, []byte("oom_kill ")); ok {
 			n, _ := strconv.ParseInt(string(bytes.TrimSpace(v)), 10, 64)
 			return n

@@ -28,7 +28,10 @@ type Server struct {
 	log    *log.Logger
 	procs  *procs
 	oom    oomCounter
-	wg     sync.WaitGroup
+	// devNull is /dev/null, read-only, kept open: the stdin of every
+	// command given none (-1 when it could not be opened: each opens it).
+	devNull int
+	wg      sync.WaitGroup
 	// slots bounds the requests that may be in system calls at once
 	// (requestSlots): each holds the thread it blocks, see PrepareInit.
 	slots chan struct{}
@@ -64,6 +67,7 @@ func newServer(w io.Writer, logw io.Writer) *Server {
 		log:     log.New(logw, "guest: ", log.Lmicroseconds),
 		procs:   processTable(),
 		oom:     newOOMCounter(),
+		devNull: openDevNull(),
 		running: map[uint32]context.CancelFunc{},
 		guarded: map[*command]bool{},
 		slots:   make(chan struct{}, requestSlots),
@@ -86,11 +90,22 @@ func (s *Server) serve(r io.Reader) error {
 	}
 	s.cancel() // kills running commands
 	s.wg.Wait()
+	if s.devNull >= 0 {
+		syscall.Close(s.devNull)
+	}
 	if errors.Is(err, io.EOF) {
 		return nil
 	}
 	s.log.Printf("stream: %v", err)
 	return err
+}
+
+func openDevNull() int {
+	fd, err := syscall.Open(os.DevNull, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return -1
+	}
+	return fd
 }
 
 // requestSlots is how many requests may be in system calls at once. A

@@ -16,6 +16,7 @@ import (
 
 	"github.com/rollbox/rollbox/images"
 	"github.com/rollbox/rollbox/sandbox"
+	"github.com/rollbox/rollbox/sandbox/containerd"
 	"github.com/rollbox/rollbox/sandbox/docker"
 	"github.com/rollbox/rollbox/sandbox/wasm"
 )
@@ -112,19 +113,34 @@ func BenchmarkReady(b *testing.B) {
 }
 
 // BenchmarkExecTrue: `true` through the guest in a running sandbox, on
-// containerd and on Docker, one of each in turn.
+// containerd and on Docker, one of each in turn. With
+// ROLLBOX_BENCH_BASELINE_GUEST (a guest binary built from another commit,
+// e.g. `git worktree add /tmp/old <commit> && cd /tmp/old && CGO_ENABLED=0
+// go build -trimpath -o /tmp/guest-old ./images/guest`) a containerd
+// sandbox running that guest takes its turn too: the guest's change side
+// by side.
 func BenchmarkExecTrue(b *testing.B) {
 	ctx := context.Background()
+	arms := []struct {
+		name string
+		be   sandbox.Backend
+	}{{"containerd", need(b)}, {"docker", dockerBackend(b)}}
+	if path := os.Getenv("ROLLBOX_BENCH_BASELINE_GUEST"); path != "" {
+		arms = append(arms, struct {
+			name string
+			be   sandbox.Backend
+		}{"containerd-baseline-guest", newBackend(b, containerd.Options{GuestPath: path})})
+	}
 	var sbs []sandbox.Sandbox
-	for _, be := range []sandbox.Backend{need(b), dockerBackend(b)} {
-		sb, err := be.Create(ctx, sandbox.Spec{Image: "base"})
+	for _, arm := range arms {
+		sb, err := arm.be.Create(ctx, sandbox.Spec{Image: "base"})
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer sb.Close()
 		sbs = append(sbs, sb)
 	}
-	var lat [2]latencies
+	lat := make([]latencies, len(sbs))
 	for b.Loop() {
 		for i, sb := range sbs {
 			start := time.Now()
@@ -134,8 +150,13 @@ func BenchmarkExecTrue(b *testing.B) {
 			lat[i] = append(lat[i], time.Since(start))
 		}
 	}
-	lat[0].reportAs(b, "containerd-")
-	lat[1].reportAs(b, "docker-")
+	p50 := make([]time.Duration, len(sbs))
+	for i, arm := range arms {
+		p50[i] = lat[i].reportAs(b, arm.name+"-")
+	}
+	if len(arms) > 2 {
+		b.ReportMetric(float64(p50[0])/float64(p50[2]), "guest/baseline-guest")
+	}
 }
 
 // BenchmarkPoolHit: a ready containerd sandbox taken from a warm

@@ -91,13 +91,16 @@ func need(t testing.TB) *containerd.Backend {
 	return env.backend
 }
 
-// newBackend is a backend of its own with opts (the guest and owner are
-// the tests'), closed at the end of the test. Its containers carry the
+// newBackend is a backend of its own with opts (the owner is the tests',
+// the guest too unless opts names one), closed at the end of the test. Its containers carry the
 // label labelBackend with the test's name (ownContainers lists them).
 func newBackend(t testing.TB, opts containerd.Options) *containerd.Backend {
 	t.Helper()
 	need(t)
-	opts.GuestPath, opts.Owner = env.guest, testOwner
+	if opts.GuestPath == "" {
+		opts.GuestPath = env.guest
+	}
+	opts.Owner = testOwner
 	opts.Labels = map[string]string{labelBackend: fmt.Sprintf("%s-%d", t.Name(), os.Getpid())}
 	b, err := containerd.New(context.Background(), opts)
 	if err != nil {
