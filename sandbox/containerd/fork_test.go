@@ -2,6 +2,7 @@ package containerd_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -388,5 +389,56 @@ func TestIdleSparesAreClosed(t *testing.T) {
 			t.Fatal("the idle spare's container is still there")
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A fork's files count against its disk limit, as a Docker fork's (copied
+// into a tmpfs of disk_mb) and a WASM fork's (charged from the parent's
+// usage) do: the layers a sandbox sees together hold at most its disk_mb.
+// Before, every child and the forked parent got a fresh empty upper of
+// disk_mb above the frozen files, so each fork of a chain (fork, write,
+// fork the child, ...) added disk_mb more of host memory to one live
+// sandbox.
+func TestAForkChainStaysWithinTheDiskLimit(t *testing.T) {
+	b := need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sb, err := b.Create(ctx, sandbox.Spec{Image: "base", Limits: sandbox.Limits{DiskMB: 16}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all []sandbox.Sandbox
+	defer func() { sandbox.CloseAll(append(all, sb)) }()
+	// write fills what it can of 12 MB and says how many KB the workdir
+	// then holds.
+	write := func(sb sandbox.Sandbox, name string) int {
+		t.Helper()
+		r, err := sb.Exec(ctx, sandbox.ExecRequest{Shell: "dd if=/dev/zero of=/work/" + name + " bs=1M count=12 2>/dev/null; du -sk /work | cut -f1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mb int
+		fmt.Sscan(string(r.Stdout), &mb)
+		return mb
+	}
+	if kb := write(sb, "gen0"); kb < 12<<10 || kb > 13<<10 {
+		t.Fatalf("the first sandbox's workdir holds %d KB, want its 12 MB file", kb)
+	}
+	cur := sb
+	for gen := 1; gen <= 3; gen++ {
+		kids, err := cur.(sandbox.Forker).Fork(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, kids...)
+		// The parent after the fork and the child may each fill what is
+		// left of 16 MB, no more (but the 64 KB an upper always has, and
+		// the directories' own size).
+		for who, s := range map[string]sandbox.Sandbox{"parent": cur, "child": kids[0]} {
+			if kb := write(s, fmt.Sprintf("gen%d-%s", gen, who)); kb > 16<<10+128 {
+				t.Errorf("generation %d: the %s's workdir holds %d KB, over its 16 MB disk", gen, who, kb)
+			}
+		}
+		cur = kids[0]
 	}
 }

@@ -26,7 +26,9 @@ import (
 // Fork makes no copy of bytes: the parent's upper is frozen (its tmpfs
 // remounted read-only, which the kernel refuses while a file on it is open
 // for writing) and becomes the lowest new layer of the parent and of every
-// child, each of which gets an empty upper of the spec's size on top.
+// child, each of which gets an empty upper on top, of what the spec's size
+// leaves above the layers below it (limitAbove): a sandbox's layers hold
+// at most its disk together, however many forks it descends from.
 
 // layer is one tmpfs on the host: upper/ holds the files, work/ is the
 // overlay's work directory beside them.
@@ -302,6 +304,11 @@ func (b *Backend) stackUpper(name string, r *wsRoot) ([]*layer, error) {
 		thaw()
 		return nil, err
 	}
+	if err := up.limitAbove(r.sizeMB, append([]*layer{frozen}, r.lowers...)); err != nil {
+		thaw()
+		b.dropLayer(up)
+		return nil, err
+	}
 	var st unix.Stat_t
 	if err := unix.Stat(frozen.upperDir(), &st); err != nil {
 		thaw()
@@ -370,9 +377,47 @@ func (b *Backend) adopt(r *wsRoot, chain []*layer) error {
 	if err := os.Chmod(dir, os.FileMode(st.Mode&0o777)|unixModeBits(st.Mode)); err != nil {
 		return fmt.Errorf("chmod %s: %v: %w", dir, err, sandbox.ErrSandboxFailed)
 	}
+	if err := r.upper.limitAbove(r.sizeMB, chain); err != nil {
+		return err
+	}
 	b.holdLayers(chain)
 	r.lowers = append([]*layer(nil), chain...)
 	return r.remountOverlay()
+}
+
+// minUpperKB is the least an upper is given above lowers that fill the
+// disk: room for directories and whiteouts, not for data.
+const minUpperKB = 64
+
+// limitAbove sizes l, an empty upper, to what the sandbox's disk of sizeMB
+// leaves above lowers: the layers a sandbox sees hold at most its disk
+// together (a fork's files count against its limit, as on Docker and
+// WASM), however long the chain of forks it comes from. The lowers' bytes
+// count whole, hidden files included: they stay in memory while a
+// sandbox holds them.
+func (l *layer) limitAbove(sizeMB int, lowers []*layer) error {
+	kb := int64(sizeMB) << 10
+	for _, low := range lowers {
+		used, err := low.usedKB()
+		if err != nil {
+			return err
+		}
+		kb -= used
+	}
+	kb = max(kb, minUpperKB)
+	if err := unix.Mount("", l.path, "", unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV, "size="+strconv.FormatInt(kb, 10)+"k"); err != nil {
+		return fmt.Errorf("size the layer %s to %d KB: %v: %w", l.path, kb, err, sandbox.ErrSandboxFailed)
+	}
+	return nil
+}
+
+// usedKB is what l's tmpfs holds.
+func (l *layer) usedKB() (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(l.path, &st); err != nil {
+		return 0, fmt.Errorf("statfs %s: %v: %w", l.path, err, sandbox.ErrSandboxFailed)
+	}
+	return int64(st.Blocks-st.Bfree) * st.Bsize >> 10, nil
 }
 
 // unixModeBits are the setuid, setgid and sticky bits of a unix mode as
