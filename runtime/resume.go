@@ -40,20 +40,16 @@ type BatchRecord struct {
 func RecoverBatch(outDir, rolloutID string, tasks []*agent.Task, group int) (*BatchRecord, error) {
 	dir := filepath.Join(outDir, "episodes")
 	rec := &BatchRecord{Episodes: map[string]*trajectory.Trajectory{}, PrefixRuns: map[string]int{}}
-	journals, err := trajectory.FindLeftovers(dir)
-	if err != nil {
-		return nil, err
-	}
-	subs, err := agent.SubagentLeftovers(dir)
+	left, err := findLeftovers(dir)
 	if err != nil {
 		return nil, err
 	}
 	// Sub-episodes first: an interrupted orchestrator's record then names
 	// every one of its sub-episodes.
-	if _, err := agent.RecoverSubagents(dir, journals, subs); err != nil {
+	if _, err := agent.RecoverSubagents(dir, left.journals, left.subagents); err != nil {
 		return nil, fmt.Errorf("recovering sub-agents' journals in %s: %w", dir, err)
 	}
-	recovered, dropped, err := journals.Recover()
+	recovered, dropped, err := left.journals.Recover()
 	if err != nil {
 		return nil, fmt.Errorf("recovering the journals in %s: %w", dir, err)
 	}

@@ -102,21 +102,7 @@ func TestServeOnWASMNeverContactsTheDockerEngineAndLogsJSONOnly(t *testing.T) {
 	}
 	defer p.Close()
 	url, stop, logs := serveLogged(t, "--data", filepath.Join(dir, "data"), "--backend", "wasm", "--log-level", "debug")
-	body, _ := json.Marshal(map[string]any{"tasks": []any{map[string]any{"id": "t", "prompt": "p", "tools": []string{"bash", "finish"},
-		"reward": map[string]any{"type": "exact", "answer": "done"}}}, "group_size": 2, "policy": map[string]any{"base_url": p.URL(), "model": "fake-model"}})
-	resp, err := http.Post(url+"/v1/rollouts", "application/json", bytes.NewReader(body))
-	if err != nil || resp.StatusCode != 201 {
-		t.Fatalf("POST: %v %v", err, resp)
-	}
-	var created struct{ ID string }
-	json.NewDecoder(resp.Body).Decode(&created)
-	resp.Body.Close()
-	resp, err = http.Get(url + "/v1/rollouts/" + created.ID + "/episodes?stream=1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	b := runTwoWASMEpisodes(t, url, p.URL())
 	if n := strings.Count(string(b), "\n"); n != 2 {
 		t.Fatalf("streamed %d episodes", n)
 	}
@@ -186,10 +172,23 @@ func TestServeListensAndRunsWASMEpisodesWhileTheDockerEngineHangs(t *testing.T) 
 		t.Fatal(err)
 	}
 	resp.Body.Close()
+	b := runTwoWASMEpisodes(t, url, p.URL())
+	if n := strings.Count(string(b), `"termination":{"reason":"finished"`); n != 2 {
+		t.Errorf("%d of 2 WASM episodes finished: %s", n, b)
+	}
+	if code := stop(); code != 0 {
+		t.Errorf("serve exited %d", code)
+	}
+}
+
+// runTwoWASMEpisodes runs a rollout of one WASM task × 2 against the
+// service at url with the policy at policyURL, and returns its stream.
+func runTwoWASMEpisodes(t *testing.T, url, policyURL string) []byte {
+	t.Helper()
 	body, _ := json.Marshal(map[string]any{"tasks": []any{map[string]any{"id": "t", "prompt": "p", "tools": []string{"bash", "finish"},
 		"sandbox": map[string]any{"backend": "wasm"}, "reward": map[string]any{"type": "exact", "answer": "done"}}},
-		"group_size": 2, "policy": map[string]any{"base_url": p.URL(), "model": "fake-model"}})
-	resp, err = http.Post(url+"/v1/rollouts", "application/json", bytes.NewReader(body))
+		"group_size": 2, "policy": map[string]any{"base_url": policyURL, "model": "fake-model"}})
+	resp, err := http.Post(url+"/v1/rollouts", "application/json", bytes.NewReader(body))
 	if err != nil || resp.StatusCode != 201 {
 		t.Fatalf("POST: %v %v", err, resp)
 	}
@@ -200,12 +199,7 @@ func TestServeListensAndRunsWASMEpisodesWhileTheDockerEngineHangs(t *testing.T) 
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if n := strings.Count(string(b), `"termination":{"reason":"finished"`); n != 2 {
-		t.Errorf("%d of 2 WASM episodes finished: %s", n, b)
-	}
-	if code := stop(); code != 0 {
-		t.Errorf("serve exited %d", code)
-	}
+	return b
 }
