@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rollbox/rollbox/sandbox"
 )
 
 // copyTree copies the directory src into dst (made here, with src's owner
@@ -17,7 +19,14 @@ import (
 // directories and links are copied with their owner, mode and times; FIFOs
 // are made anew; sockets and devices (which the sandbox's user cannot make)
 // are skipped. Hard links become separate files.
+//
+// The walk holds two descriptors a level, so a tree deeper than
+// maxCopyDepth is refused (ErrTooLarge: the sandbox's doing), and at most
+// copiesAtOnce copies run at once: a tree its commands made thousands of
+// levels deep would otherwise take every descriptor this process may open.
 func copyTree(src, dst string) error {
+	copies <- struct{}{}
+	defer func() { <-copies }()
 	sfd, err := unix.Open(src, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", src, err)
@@ -35,14 +44,27 @@ func copyTree(src, dst string) error {
 		return err
 	}
 	defer unix.Close(dfd)
-	if err := copyDir(sfd, dfd, src); err != nil {
+	if err := copyDir(sfd, dfd, src, 0); err != nil {
 		return err
 	}
 	return setAttrs(dfd, "", &st)
 }
 
-// copyDir copies the entries of the directory sfd into dfd.
-func copyDir(sfd, dfd int, where string) error {
+// maxCopyDepth is how deep a tree copyTree copies; copiesAtOnce how many
+// copies run at once (2 × maxCopyDepth × copiesAtOnce descriptors at most).
+const (
+	maxCopyDepth = 400
+	copiesAtOnce = 4
+)
+
+var copies = make(chan struct{}, copiesAtOnce)
+
+// copyDir copies the entries of the directory sfd, depth levels below the
+// tree's root, into dfd.
+func copyDir(sfd, dfd int, where string, depth int) error {
+	if depth >= maxCopyDepth {
+		return fmt.Errorf("%s...: a directory tree deeper than the %d levels a fork copies: %w", where[:min(len(where), 200)], maxCopyDepth, sandbox.ErrTooLarge)
+	}
 	// A duplicate, since reading a directory through os.File takes its
 	// descriptor over.
 	rfd, err := unix.Dup(sfd)
@@ -74,7 +96,7 @@ func copyDir(sfd, dfd int, where string) error {
 			}
 			cdfd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 			if err == nil {
-				err = copyDir(csfd, cdfd, where+"/"+name)
+				err = copyDir(csfd, cdfd, where+"/"+name, depth+1)
 				if err == nil {
 					err = setAttrs(cdfd, "", &st)
 				}

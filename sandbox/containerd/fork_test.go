@@ -2,7 +2,9 @@ package containerd_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -440,5 +442,65 @@ func TestAForkChainStaysWithinTheDiskLimit(t *testing.T) {
 			}
 		}
 		cur = kids[0]
+	}
+}
+
+// A fork that copies the files on the host (its layers are maxLayers deep,
+// or a file was open for writing) walks what the sandbox's commands made:
+// a directory tree 12,000 deep held two descriptors a level open in this
+// process (24,000: past its limit of open files, every other open of the
+// process failing meanwhile). The copy holds a bounded number, and a tree
+// deeper than it copies is refused as the sandbox's doing (ErrTooLarge,
+// not infrastructure), the parent left as it was.
+func TestAForkCopyOfADeepTreeHoldsFewDescriptors(t *testing.T) {
+	b := need(t)
+	defer containerd.SetMaxLayers(1)() // every fork copies
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sb, err := b.Create(ctx, sandbox.Spec{Image: "python", Limits: sandbox.Limits{DiskMB: 64}})
+	if err != nil {
+		t.Skipf("the python image on containerd: %v", err)
+	}
+	defer sb.Close()
+	deep := `cd /work && python3 -c '
+import os
+for _ in range(12000):
+    os.mkdir("d"); os.chdir("d")
+open("f", "w").write("bottom")
+'`
+	if r, err := sb.Exec(ctx, sandbox.ExecRequest{Shell: deep, Timeout: time.Minute}); err != nil || r.ExitCode != 0 {
+		t.Fatalf("making the tree: %v %+v %s", err, r, r.Stderr)
+	}
+	peak := make(chan int)
+	stop := make(chan struct{})
+	go func() {
+		most := 0
+		for {
+			select {
+			case <-stop:
+				peak <- most
+				return
+			default:
+			}
+			if fds, err := os.ReadDir("/proc/self/fd"); err == nil && len(fds) > most {
+				most = len(fds)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	kids, err := sb.(sandbox.Forker).Fork(ctx, 1)
+	close(stop)
+	most := <-peak
+	if err == nil {
+		sandbox.CloseAll(kids)
+	}
+	if err != nil && (!errors.Is(err, sandbox.ErrTooLarge) || sandbox.IsInfra(err)) {
+		t.Errorf("fork: %v, want a success or ErrTooLarge (the sandbox's doing)", err)
+	}
+	if most > 2000 {
+		t.Errorf("the copy held %d descriptors open at once", most)
+	}
+	if r, err := sb.Exec(ctx, sandbox.ExecRequest{Shell: "cd /work && python3 -c 'import os\nfor _ in range(12000): os.chdir(\"d\")\nprint(open(\"f\").read())'"}); err != nil || string(r.Stdout) != "bottom\n" {
+		t.Errorf("the parent after the fork: %v %+v %s", err, r, r.Stderr)
 	}
 }

@@ -352,6 +352,9 @@ func (b *Backend) copyLayer(name string, r *wsRoot) ([]*layer, error) {
 	}
 	if err := copyTree(r.anchor, l.upperDir()); err != nil {
 		b.dropLayer(l)
+		if errors.Is(err, sandbox.ErrTooLarge) {
+			return nil, fmt.Errorf("copy %s: %w", r.dest, err) // the sandbox's files, not the infrastructure
+		}
 		return nil, fmt.Errorf("copy %s: %v: %w", r.dest, err, sandbox.ErrSandboxFailed)
 	}
 	if err := unix.Mount("", l.path, "", unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
