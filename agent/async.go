@@ -109,13 +109,14 @@ func (s *Session) spawnAsync(ctx context.Context, tasks []subTask, allowed []str
 			if forks != nil {
 				kid = forks[i]
 			}
-			fork = func(context.Context, string, sandbox.Spec) (sandbox.Sandbox, error) {
+			fork = func(_ context.Context, _ string, spec sandbox.Spec) (sandbox.Sandbox, error) {
 				if forkErr != nil {
 					return nil, fmt.Errorf("share_workspace: %w", forkErr)
 				}
 				if used.Swap(true) {
 					return nil, fmt.Errorf("share_workspace: the sub-agent's fork was already used: %w", sandbox.ErrInvalidSpec)
 				}
+				sandbox.NameEpisode(kid, spec.Labels[sandbox.LabelEpisode])
 				return kid, nil
 			}
 		}

@@ -102,6 +102,7 @@ func (s *Session) forkOne(parent *trajectory.Trajectory, cfg Config, sb sandbox.
 			rec.Pinned[PinSeed] = fmt.Sprint(cfg.Seed)
 		}
 	}
+	sandbox.NameEpisode(sb, id)
 	info := sb.Info()
 	rec.Sandbox.ID = info.ID
 	w, err := trajectory.NewWriter(cfg.Dir, &rec)

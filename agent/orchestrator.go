@@ -488,6 +488,7 @@ func (s *Session) forkSandbox(ctx context.Context, backend string, spec sandbox.
 	if err != nil {
 		return nil, fmt.Errorf("share_workspace: fork the orchestrator's sandbox: %w", err)
 	}
+	sandbox.NameEpisode(kids[0], spec.Labels[sandbox.LabelEpisode])
 	return kids[0], nil
 }
 

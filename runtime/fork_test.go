@@ -2,6 +2,7 @@ package runtime_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/runtime"
 	"github.com/rollbox/rollbox/sandbox"
+	"github.com/rollbox/rollbox/sandbox/auditlog"
 )
 
 type stepAnswer struct {
@@ -217,5 +219,56 @@ func TestAForkTheEpisodesOwnFilesPreventIsAConflictNotInfrastructure(t *testing.
 	}
 	if code, r := bash(s, opened.ID, "echo still here"); code != 200 || r.Results[0].Output != "still here\n" {
 		t.Errorf("the parent after the refused fork: %d %+v", code, r)
+	}
+}
+
+// The audit log names the episode each command ran for: a fork's
+// commands are its own episode's, not the parent's (a security team
+// reading the log would blame the parent for what a fork ran).
+func TestTheAuditLogNamesAForksOwnEpisode(t *testing.T) {
+	be, _ := ownWasm(t)
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	l, err := auditlog.Open(path, auditlog.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	audited := auditlog.Wrap(be, l)
+	s := startService(t, "", func(o *runtime.Options) {
+		o.Backends = runtime.BackendFunc(func(context.Context, string) (sandbox.Backend, error) { return audited, nil })
+	})
+	var opened struct{ ID string }
+	if code, _ := s.do("POST", "/v1/episodes", map[string]any{"task": task("fork-audit")}, &opened); code != 201 {
+		t.Fatalf("open: %d", code)
+	}
+	bash(s, opened.ID, "echo parent-command")
+	var forked runtime.ForkResult
+	if code, _ := s.do("POST", "/v1/episodes/"+opened.ID+"/fork", map[string]any{"n": 2}, &forked); code != 201 {
+		t.Fatalf("fork: %d", code)
+	}
+	for i, id := range forked.IDs {
+		bash(s, id, fmt.Sprintf("echo child-command-%d", i))
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := map[string]string{} // shell line -> episode
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var rec auditlog.Record
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatal(err)
+		}
+		if rec.Op == auditlog.OpExec {
+			ran[rec.Shell] = rec.Episode
+		}
+	}
+	if got := ran["echo parent-command"]; got != opened.ID {
+		t.Errorf("the parent's command is logged for %q, want %s", got, opened.ID)
+	}
+	for i, id := range forked.IDs {
+		if got := ran[fmt.Sprintf("echo child-command-%d", i)]; got != id {
+			t.Errorf("fork %d's command is logged for %q, want its own episode %s", i, got, id)
+		}
 	}
 }

@@ -31,6 +31,23 @@ type Forker interface {
 	Fork(ctx context.Context, n int) ([]Sandbox, error)
 }
 
+// EpisodeNamer is an optional capability of a Sandbox (find it through
+// wrappers with Find): NameEpisode says the sandbox now serves the episode
+// id. A fork is made with its parent's spec, labels included, so what
+// records a sandbox's calls by episode (the audit log) is told which
+// episode a fork serves once that is known.
+type EpisodeNamer interface {
+	NameEpisode(id string)
+}
+
+// NameEpisode tells sb, when it (or what it wraps) records calls by
+// episode, that it serves episode id.
+func NameEpisode(sb Sandbox, id string) {
+	if n, ok := Find[EpisodeNamer](sb); ok && id != "" {
+		n.NameEpisode(id)
+	}
+}
+
 // ForkPreparer is an optional capability of a Sandbox that is also a
 // Forker: PrepareFork says the sandbox is about to be forked into n (a
 // task's prefix is running in it), so the backend may start making the

@@ -48,7 +48,8 @@ type Record struct {
 	// Time is when the operation ended, UTC.
 	Time time.Time `json:"time"`
 	Op   string    `json:"op"`
-	// Episode is the sandbox spec's rollbox.episode label.
+	// Episode is the sandbox spec's rollbox.episode label; a fork's, once
+	// named (sandbox.EpisodeNamer), the episode it serves.
 	Episode     string   `json:"episode,omitempty"`
 	Sandbox     string   `json:"sandbox,omitempty"`
 	Backend     string   `json:"backend,omitempty"`

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io/fs"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rollbox/rollbox/sandbox"
@@ -63,7 +64,7 @@ func (b *backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 		sb.Close()
 		return nil, logFailed(err)
 	}
-	return &box{inner: sb, log: b.log, episode: rec.Episode, info: info}, nil
+	return newBox(sb, b.log, rec.Episode, info), nil
 }
 
 // Fork forks the sandbox it wraps (sandbox.Forker) and logs a create
@@ -95,7 +96,7 @@ func (s *box) Fork(ctx context.Context, n int) ([]sandbox.Sandbox, error) {
 			sandbox.CloseAll(kids)
 			return nil, logFailed(err)
 		}
-		out[i] = &box{inner: k, log: s.log, episode: s.episode, info: info}
+		out[i] = newBox(k, s.log, *s.episode.Load(), info)
 	}
 	return out, nil
 }
@@ -108,17 +109,27 @@ func logFailed(err error) error {
 type box struct {
 	inner   sandbox.Sandbox
 	log     *Log
-	episode string
+	episode atomic.Pointer[string]
 	info    sandbox.Info
 
 	closeOnce sync.Once
 	closeErr  error
 }
 
+func newBox(sb sandbox.Sandbox, l *Log, episode string, info sandbox.Info) *box {
+	b := &box{inner: sb, log: l, info: info}
+	b.episode.Store(&episode)
+	return b
+}
+
+// NameEpisode records the box's calls for episode id from now on
+// (sandbox.EpisodeNamer): a fork serves an episode of its own.
+func (s *box) NameEpisode(id string) { s.episode.Store(&id) }
+
 func (s *box) Info() sandbox.Info      { return s.inner.Info() }
 func (s *box) Unwrap() sandbox.Sandbox { return s.inner }
 func (s *box) record(op string) Record {
-	return Record{Op: op, Episode: s.episode, Sandbox: s.info.ID, Backend: s.info.Backend, ImageDigest: s.info.ImageDigest}
+	return Record{Op: op, Episode: *s.episode.Load(), Sandbox: s.info.ID, Backend: s.info.Backend, ImageDigest: s.info.ImageDigest}
 }
 
 func (s *box) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Result, error) {
