@@ -165,6 +165,56 @@ func (s *Session) Step(ctx context.Context, turn Turn) ([]ToolOutcome, bool, err
 }
 
 func (s *Session) stepLocked(ctx context.Context, turn Turn) ([]ToolOutcome, error) {
+	if stop, err := s.recordTurnLocked(ctx, &turn); stop {
+		return nil, err
+	}
+	var outs []ToolOutcome
+	if len(turn.ToolCalls) == 0 {
+		s.messages = append(s.messages, Message{Role: RoleUser, Content: "No tool was called. Call a tool to act, or call finish to end the episode."})
+	}
+	for i, call := range turn.ToolCalls {
+		if err := s.deadlineErr(ctx); err != nil {
+			return outs, s.endCtx(ctx, err)
+		}
+		if s.cfg.BeforeCall != nil && !s.cfg.BeforeCall(call) {
+			return outs, nil
+		}
+		out, fatal := s.runCall(ctx, call)
+		outs = append(outs, out)
+		if fatal != nil {
+			if s.ended { // the record failed
+				return outs, fatal
+			}
+			return outs, s.endFor(ctx, fatal, "tool "+call.Name)
+		}
+		if s.finish != nil {
+			msg := ""
+			if rest := len(turn.ToolCalls) - i - 1; rest > 0 {
+				msg = fmt.Sprintf("%d tool call(s) after finish were not run", rest)
+			}
+			return outs, s.end(ctx, trajectory.EndFinished, msg)
+		}
+	}
+	if s.turn >= s.task.Limits.MaxTurns {
+		return outs, s.end(ctx, trajectory.EndMaxTurns, fmt.Sprintf("reached max_turns %d", s.task.Limits.MaxTurns))
+	}
+	if err := s.fitContextLocked(ctx); err != nil {
+		if s.ended {
+			return outs, err
+		}
+		return outs, s.end(ctx, trajectory.EndContextOverflow, err.Error())
+	}
+	return outs, nil
+}
+
+// recordTurnLocked records the model's turn (stepLocked); stop says the
+// episode ended with err. A function of its own so that its frame (a
+// trajectory.Step and its copies, ~3.5 KB) is not on the episode's stack
+// while the turn's tools run (recordCall).
+//
+//go:noinline
+func (s *Session) recordTurnLocked(ctx context.Context, t *Turn) (stop bool, err error) {
+	turn := *t
 	now := time.Now()
 	step := trajectory.Step{
 		Type: trajectory.StepModel, Turn: s.turn, StartedAt: now.Add(-turn.Latency).UTC(),
@@ -229,7 +279,7 @@ func (s *Session) stepLocked(ctx context.Context, turn Turn) ([]ToolOutcome, err
 	}
 	recorded, err := s.record(step)
 	if err != nil {
-		return nil, s.failRecord(err)
+		return true, s.failRecord(err)
 	}
 	s.stats.Turns++
 	s.stats.PolicyMS += ms(turn.Latency)
@@ -237,12 +287,12 @@ func (s *Session) stepLocked(ctx context.Context, turn Turn) ([]ToolOutcome, err
 	if step.SegmentReason != "" && step.SegmentReason != trajectory.SegmentStart {
 		if err := s.event(trajectory.ContextEvent{Step: recorded.Index, Kind: "segment",
 			Detail: fmt.Sprintf("turn %d starts token segment %d (%s): %s", step.Turn, *step.Segment, step.SegmentReason, segmentWhy(step.SegmentReason))}); err != nil {
-			return nil, s.failRecord(err)
+			return true, s.failRecord(err)
 		}
 	}
 	if tokensErr != "" {
 		// The ids cannot be trusted: recorded, never scored.
-		return nil, s.end(ctx, trajectory.EndPolicyError, "token ids: "+tokensErr)
+		return true, s.end(ctx, trajectory.EndPolicyError, "token ids: "+tokensErr)
 	}
 	msg := Message{Role: RoleAssistant, Content: turn.Content, ToolCalls: turn.ToolCalls, Text: turn.Text}
 	s.messages = append(s.messages, msg)
@@ -252,44 +302,7 @@ func (s *Session) stepLocked(ctx context.Context, turn Turn) ([]ToolOutcome, err
 	if turn.Usage != nil && turn.Usage.TotalTokens > 0 {
 		s.lastUsage, s.lastUsageMsgs = turn.Usage.TotalTokens, len(s.messages)
 	}
-
-	var outs []ToolOutcome
-	if len(turn.ToolCalls) == 0 {
-		s.messages = append(s.messages, Message{Role: RoleUser, Content: "No tool was called. Call a tool to act, or call finish to end the episode."})
-	}
-	for i, call := range turn.ToolCalls {
-		if err := s.deadlineErr(ctx); err != nil {
-			return outs, s.endCtx(ctx, err)
-		}
-		if s.cfg.BeforeCall != nil && !s.cfg.BeforeCall(call) {
-			return outs, nil
-		}
-		out, fatal := s.runCall(ctx, call)
-		outs = append(outs, out)
-		if fatal != nil {
-			if s.ended { // the record failed
-				return outs, fatal
-			}
-			return outs, s.endFor(ctx, fatal, "tool "+call.Name)
-		}
-		if s.finish != nil {
-			msg := ""
-			if rest := len(turn.ToolCalls) - i - 1; rest > 0 {
-				msg = fmt.Sprintf("%d tool call(s) after finish were not run", rest)
-			}
-			return outs, s.end(ctx, trajectory.EndFinished, msg)
-		}
-	}
-	if s.turn >= s.task.Limits.MaxTurns {
-		return outs, s.end(ctx, trajectory.EndMaxTurns, fmt.Sprintf("reached max_turns %d", s.task.Limits.MaxTurns))
-	}
-	if err := s.fitContextLocked(ctx); err != nil {
-		if s.ended {
-			return outs, err
-		}
-		return outs, s.end(ctx, trajectory.EndContextOverflow, err.Error())
-	}
-	return outs, nil
+	return false, nil
 }
 
 // ctxKind is the error kind of a tool call stopped by a context error:
@@ -325,6 +338,17 @@ func (s *Session) runCall(ctx context.Context, call ToolCall) (ToolOutcome, erro
 	tctx, cancel := context.WithDeadline(ctx, s.deadline)
 	res, err := s.reg.Call(tctx, s.env, call.Name, call.Arguments)
 	cancel()
+	return s.recordCall(ctx, call, start, &res, err)
+}
+
+// recordCall records a tool call that ran (runCall). It is a function of
+// its own so that its frame (a trajectory.Step and its copies, ~4 KB) is
+// not on the episode's stack while the tool runs: thousands of episodes
+// wait in their tools at once, each goroutine's stack sized by its deepest
+// point (stacks.go's note).
+//
+//go:noinline
+func (s *Session) recordCall(ctx context.Context, call ToolCall, start time.Time, res *tools.Result, err error) (ToolOutcome, error) {
 	dur := time.Since(start)
 	step := trajectory.Step{
 		Type: trajectory.StepTool, Turn: s.turn - 1, StartedAt: start.UTC(), DurationMS: ms(dur),

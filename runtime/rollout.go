@@ -697,14 +697,38 @@ func (s *Server) runEpisode(ctx context.Context, j *job) (t *trajectory.Trajecto
 		}
 	}()
 	r, e := j.r, j.ep
-	cfg := j.plan.config(r.id, e.rec.GroupIndex, s.st.episodesDir)
-	cfg.NewSandbox = s.sandboxes.create
-	cfg.Prefix = e.group.prefix
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	r.mu.Lock()
 	e.cancel = cancel
 	r.mu.Unlock()
+	cfg, err := s.episodeConfig(j)
+	if err != nil {
+		return nil, err
+	}
+	// The episode's clock starts once its backend is open: a first-use
+	// build and compile is the service's, not the episode's (its duration
+	// and deadline never count it). A backend that does not open fails
+	// the episode's open as before, with its retries.
+	s.backends.get(ctx, j.plan.backend)
+	t, err = agent.Run(ctx, *cfg)
+	r.mu.Lock()
+	e.session = nil
+	r.mu.Unlock()
+	return t, err
+}
+
+// episodeConfig is a rollout episode's agent.Config (runEpisode), built
+// apart and on the heap: the episode's goroutine holds its stack for the
+// whole episode, sized by its deepest point while it waits in a tool, so
+// what runEpisode's frame holds is held by every running episode.
+//
+//go:noinline
+func (s *Server) episodeConfig(j *job) (*agent.Config, error) {
+	r, e := j.r, j.ep
+	cfg := j.plan.config(r.id, e.rec.GroupIndex, s.st.episodesDir)
+	cfg.NewSandbox = s.sandboxes.create
+	cfg.Prefix = e.group.prefix
 	cfg.Policy = &gatedPolicy{inner: r.policy, ep: r.endpoint, rolloutSem: r.sem, metrics: s.metrics, r: r, e: e}
 	cfg.PolicyInfo, cfg.Sampling = r.info, r.sampling
 	cfg.Observe = s.metrics.observer(j.plan.backend)
@@ -725,16 +749,7 @@ func (s *Server) runEpisode(ctx context.Context, j *job) (t *trajectory.Trajecto
 			return nil, err
 		}
 	}
-	// The episode's clock starts once its backend is open: a first-use
-	// build and compile is the service's, not the episode's (its duration
-	// and deadline never count it). A backend that does not open fails
-	// the episode's open as before, with its retries.
-	s.backends.get(ctx, j.plan.backend)
-	t, err = agent.Run(ctx, cfg)
-	r.mu.Lock()
-	e.session = nil
-	r.mu.Unlock()
-	return t, err
+	return &cfg, nil
 }
 
 // openRetry is the service's retry of an episode's open (rollout and
