@@ -12,7 +12,8 @@ const idleReclaimAfter = 5 * time.Second
 
 // reclaimWhenIdle gives memory back to the system once the service has had
 // nothing to run (no episode queued or running, no environment episode
-// open) for idleReclaimAfter, until ctx ends.
+// open, no cancelled episodes' ends being recorded) for idleReclaimAfter,
+// until ctx ends.
 //
 // What a rollout of thousands of episodes leaves is mostly not live: the Go
 // heap it grew to is garbage once its episodes ended, but the runtime keeps
@@ -36,7 +37,7 @@ func (s *Server) reclaimWhenIdle(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		if s.sched.runningN.Load() > 0 || s.sched.queuedN.Load() > 0 || s.envOpen.Load() > 0 {
+		if s.sched.runningN.Load() > 0 || s.sched.queuedN.Load() > 0 || s.envOpen.Load() > 0 || s.unstartedEnding.Load() > 0 {
 			busySince, reclaimed = time.Now(), false
 			continue
 		}
@@ -64,7 +65,8 @@ func (s *Server) reclaim() int {
 // forgetEnded drops the ended rollouts from memory now rather than after
 // Limits.KeepEnded: a read loads one from the store again, and a stream
 // still reading one keeps it. While the index owes ends it could not take
-// (a full disk), the store is behind memory and nothing is dropped.
+// (a full disk), the store is behind memory and nothing is dropped; nor is
+// a rollout whose ends are still being recorded.
 func (s *Server) forgetEnded() int {
 	if s.unindexedAny.Load() {
 		return 0
@@ -77,8 +79,11 @@ func (s *Server) forgetEnded() int {
 	s.mu.Unlock()
 	n := 0
 	for _, r := range rs {
+		// Ended is every episode's end recorded (EndedAt), not only a
+		// final state: a cancelled rollout's queued episodes are still
+		// being recorded in the background, the index behind memory.
 		r.mu.Lock()
-		ended := terminalState(r.rec.State)
+		ended := terminalState(r.rec.State) && r.rec.EndedAt != nil
 		r.mu.Unlock()
 		if !ended {
 			continue

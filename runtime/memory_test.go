@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/rollbox/rollbox/internal/fakepolicy"
+	"github.com/rollbox/rollbox/runtime"
 )
 
 // An idle service drops its ended rollouts from memory (what thousands of
@@ -38,5 +39,27 @@ func TestIdleReclaimForgetsEndedRolloutsAndLosesNothing(t *testing.T) {
 		if e.EpisodeID != beforeEps[i].EpisodeID || e.Group == nil || beforeEps[i].Group == nil || e.Group.Advantage != beforeEps[i].Group.Advantage {
 			t.Errorf("episode %d read back after the reclaim differs from before: %s vs %s", i, e.EpisodeID, beforeEps[i].EpisodeID)
 		}
+	}
+}
+
+// A cancelled rollout is not over until its queued episodes' ends are
+// recorded (in the background, in bulk: thousands of records take seconds
+// on a loaded machine, and -race made it tens). The service is idle
+// meanwhile (nothing queued or running), and an idle reclaim forgot the
+// rollout then: the next read loaded it from an index that had not yet
+// taken those ends, and kept answering that stale copy (EpisodesDone 8 of
+// 4,096 a minute later) while the ends went to the forgotten one.
+func TestAnIdleReclaimDuringABulkCancelKeepsTheRolloutCurrent(t *testing.T) {
+	p, _ := blockingPolicy(t)
+	s := startService(t, "", func(o *runtime.Options) { o.Limits.MaxRunning = 4 })
+	id := s.submit(rolloutBody(p, 1024, task("big")))
+	s.waitRunning(4, 30*time.Second)
+	if code, _ := s.do("DELETE", "/v1/rollouts/"+id, nil, nil); code != 200 {
+		t.Fatalf("DELETE: %d", code)
+	}
+	s.srv.Reclaim() // idle: nothing queued or running, the ends still being written
+	st := s.waitState(id, 30*time.Second, func(st status) bool { return st.EpisodesDone == 1024 })
+	if st.Ends["cancelled"] != 1024 || st.State != runtime.RolloutCancelled {
+		t.Errorf("after the DELETE and a reclaim: %+v", st)
 	}
 }

@@ -973,8 +973,10 @@ func (s *Server) stopRollout(r *rollout, state, endReason, message string) {
 		return
 	}
 	s.wg.Add(1)
+	s.unstartedEnding.Add(1)
 	go func() {
 		defer s.wg.Done()
+		defer s.unstartedEnding.Add(-1)
 		s.endUnstarted(r, jobs, endReason, message+" (before the episode started)")
 	}()
 }

@@ -119,6 +119,9 @@ type Server struct {
 	recoveringAny atomic.Bool
 	closingFlag   atomic.Bool
 	envOpen       atomic.Int64
+	// unstartedEnding counts the bulk ends of never-started episodes being
+	// recorded in the background (stopRollout): the service is not idle.
+	unstartedEnding atomic.Int64
 
 	// unindexed are episode ends (and ended rollouts) the index could not
 	// take (a full disk); flushUnindexed retries them.
