@@ -985,8 +985,9 @@ func (s *Server) stopRollout(r *rollout, state, endReason, message string) {
 // records written together (one sync), then indexed together.
 func (s *Server) endUnstarted(r *rollout, jobs []*job, reason, message string) {
 	ts := make([]*trajectory.Trajectory, len(jobs))
+	unstarted := unstartedRecords{}
 	for i, j := range jobs {
-		ts[i] = unstartedTrajectory(j.ep.rec, j.ep.task, r.backend, r.rec.Policy, reason, message)
+		ts[i] = unstarted.record(j.ep.rec, j.ep.task, r.backend, r.rec.Policy, reason, message)
 	}
 	errs := trajectory.WriteFiles(s.st.episodesDir, ts)
 	ends := make([]endedEpisode, len(jobs))

@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -327,6 +328,9 @@ func syncDir(dir string) error {
 	return nil
 }
 
+// writeFilesAtOnce is how many records WriteFiles writes at once.
+const writeFilesAtOnce = 8
+
 // WriteFiles writes each trajectory to dir/<episode_id>.json as WriteFile
 // does, but makes them durable together: one sync of the file system after
 // every rename instead of two fsyncs each, for the thousands of records a
@@ -335,23 +339,40 @@ func syncDir(dir string) error {
 // may be missing or empty after a crash: index them only afterwards.
 func WriteFiles(dir string, ts []*Trajectory) (errs []error) {
 	errs = make([]error, len(ts))
-	wrote := false
-	for i, t := range ts {
+	var wrote atomic.Bool
+	write := func(i int) {
+		t := ts[i]
 		if t.EpisodeID == "" || strings.ContainsAny(t.EpisodeID, `/\`) || strings.HasPrefix(t.EpisodeID, ".") {
 			errs[i] = fmt.Errorf("trajectory: episode id %q is not a safe file name", t.EpisodeID)
-			continue
+			return
 		}
 		path := filepath.Join(dir, t.EpisodeID+".json")
 		if errs[i] = writeTemp(path, t, false); errs[i] != nil {
-			continue
+			return
 		}
 		if errs[i] = os.Rename(path+tmpSuffix, path); errs[i] != nil {
 			os.Remove(path + tmpSuffix)
-			continue
+			return
 		}
-		wrote = true
+		wrote.Store(true)
 	}
-	if !wrote {
+	// A few at a time: each file is an encoding (CPU) and three system
+	// calls that may wait on the file system's journal, and the records of
+	// thousands of episodes (a cancellation, a recovery) written one after
+	// the other took 2.7 s for 4,088 on an idle disk, 12-35 s on a busy one.
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(writeFilesAtOnce, len(ts)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < len(ts); i = int(next.Add(1) - 1) {
+				write(i)
+			}
+		}()
+	}
+	wg.Wait()
+	if !wrote.Load() {
 		return errs
 	}
 	if err := SyncFS(dir); err != nil {
