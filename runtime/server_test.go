@@ -466,6 +466,7 @@ func TestAFullServiceAnswers429WithRetryAfter(t *testing.T) {
 		o.Limits.MaxRunning, o.Limits.MaxQueued, o.Limits.MaxEnvEpisodes = 1, 2, 1
 	})
 	id := s.submit(rolloutBody(p, 3, task("a"))) // 1 running, 2 queued: full
+	s.waitRunning(1, 30*time.Second)             // started (on a loaded host, not at once)
 	var e apiErr
 	code, h := s.do("POST", "/v1/rollouts", rolloutBody(p, 1, task("b")), &e)
 	if code != http.StatusTooManyRequests || h.Get("Retry-After") == "" || e.Error.Code != "overloaded" {
