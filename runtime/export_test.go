@@ -32,3 +32,6 @@ func (s *Server) RolloutHeld(id string) func() bool {
 		return w.Value() != nil
 	}
 }
+
+// OpeningAtOnce is how many WASM rollout episodes open at once.
+func OpeningAtOnce() int { return openingAtOnce() }

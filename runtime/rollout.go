@@ -711,6 +711,10 @@ func (s *Server) runEpisode(ctx context.Context, j *job) (t *trajectory.Trajecto
 	// and deadline never count it). A backend that does not open fails
 	// the episode's open as before, with its retries.
 	s.backends.get(ctx, j.plan.backend)
+	if j.plan.backend == "wasm" { // in-process, CPU-bound: see openingAtOnce
+		opened := s.openGate(ctx, cfg)
+		defer opened()
+	}
 	t, err = agent.Run(ctx, *cfg)
 	r.mu.Lock()
 	e.session = nil

@@ -119,6 +119,8 @@ type Server struct {
 	recoveringAny atomic.Bool
 	closingFlag   atomic.Bool
 	envOpen       atomic.Int64
+	// opening holds a token for each rollout episode opening (openGate).
+	opening chan struct{}
 	// unstartedEnding counts the bulk ends of never-started episodes being
 	// recorded in the background (stopRollout): the service is not idle.
 	unstartedEnding atomic.Int64
@@ -222,6 +224,7 @@ func Open(opts Options) (*Server, error) {
 	jo.Observe = s.metrics.judgeObserver()
 	s.judges = judge.NewPool(jo)
 	s.endpoints = &endpoints{limit: s.limits.PolicyConcurrency, m: map[string]*endpoint{}}
+	s.opening = make(chan struct{}, openingAtOnce())
 	s.backends = newBackendOpener(s.ctx, opts.Backends, s.log)
 	s.sandboxes = &sandboxes{backends: s.backends, metrics: s.metrics, warm: s.limits.WarmPool, pools: map[string]*sandbox.Pool{}}
 	s.storage = newStorageMonitor(st.dir, s.limits.DiskReserve, s.limits.StorageCheckEvery, s.storageChanged)
