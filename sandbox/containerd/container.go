@@ -151,32 +151,154 @@ func (c *Container) cut(error) {
 }
 
 // Diagnose is containerd's account of the container, for the verdict on a
-// broken guest (guesthost.Engine): a container or task removed from outside,
-// or a paused task, is the engine's doing. containerd records no event for a
-// kill it was asked for (Docker does), so a task killed through containerd
-// while a command runs reads as the command's doing; see RATIONALE.md.
+// broken guest (guesthost.Engine). containerd records no event for a kill
+// it was asked for (Docker does), so the verdict is built from what it does
+// give (RATIONALE.md, "Who killed the task?"):
+//
+//   - the container or the task missing, or deleted (a /containers/delete
+//     or /tasks/delete event of this container, watched from before the
+//     look and for outsideWait after a stopped task is seen): removed from
+//     outside (`rollbox gc`, a test's cleanup), infrastructure;
+//   - under runc, the task's init (the guest) ended by SIGKILL (exit status
+//     137) while its memory cgroup counts no OOM kill: killed from outside
+//     (`ctr task kill`), infrastructure. No process of the sandbox can
+//     send its PID namespace's init SIGKILL (the kernel drops it), so only
+//     the host or the OOM killer can; under runsc a command can (gVisor
+//     lets it), so there only a removal tells;
+//   - the task paused: infrastructure.
+//
+// Anything else (the guest ended otherwise, or OOM-killed, or a stopped task
+// nobody removes) is the commands' doing. The backend's own kill (Close)
+// marks the sandbox closed first, so it never reaches this verdict.
 func (c *Container) Diagnose(ctx context.Context) guesthost.Diagnosis {
+	// Watch for the deletions before looking, so one between the look
+	// and the watch is not missed.
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	ns := "namespace==" + strconv.Quote(c.b.opts.Namespace)
+	deleted, _ := c.b.cli.Subscribe(wctx,
+		ns+`,topic=="/tasks/delete",event.container_id==`+strconv.Quote(c.id),
+		ns+`,topic=="/containers/delete",event.id==`+strconv.Quote(c.id))
+	// The guest's stream can end before the shim has reaped the task, and
+	// an outside removal (gc kills, waits for the exit, then deletes)
+	// follows its kill within moments: look again until the task has
+	// stopped and a deletion has had outsideWait to show.
+	deadline := time.NewTimer(outsideWait)
+	defer deadline.Stop()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	d, stopped := c.look(ctx)
+	for {
+		if d.Err != nil || d.Infra != "" {
+			return d.Diagnosis
+		}
+		poll := tick.C
+		if stopped {
+			if why := c.killedFromOutside(ctx, d.exitStatus); why != "" {
+				d.Infra = why
+				return d.Diagnosis
+			}
+			poll = nil // only a deletion or the deadline changes the verdict now
+		}
+		select {
+		case <-deleted:
+			deleted = nil
+		case <-poll:
+		case <-deadline.C:
+			if again, _ := c.look(ctx); again.Err != nil {
+				return again.Diagnosis
+			}
+			return d.Diagnosis
+		case <-ctx.Done():
+			return d.Diagnosis
+		}
+		d, stopped = c.look(ctx)
+	}
+}
+
+// outsideWait is how long Diagnose waits for a broken guest's task to stop
+// and for the deletion that follows an outside removal's kill.
+const outsideWait = 1500 * time.Millisecond
+
+type look struct {
+	guesthost.Diagnosis
+	exitStatus uint32
+}
+
+// look asks containerd about the container and its task: whether they exist,
+// the task's status, and whether it stopped.
+func (c *Container) look(ctx context.Context) (look, bool) {
 	if _, err := c.b.cli.LoadContainer(ctx, c.id); err != nil {
 		if isNotFound(err) {
-			return guesthost.Diagnosis{Err: fmt.Errorf("the container was removed from outside: %w", sandbox.ErrSandboxFailed)}
+			return look{Diagnosis: guesthost.Diagnosis{Err: fmt.Errorf("the container was removed from outside: %w", sandbox.ErrSandboxFailed)}}, false
 		}
-		return guesthost.Diagnosis{Err: translate("load the container", err)}
+		return look{Diagnosis: guesthost.Diagnosis{Err: translate("load the container", err)}}, false
 	}
 	st, err := c.task.Status(ctx)
 	if err != nil {
 		if isNotFound(err) {
-			return guesthost.Diagnosis{Err: fmt.Errorf("the task was deleted from outside: %w", sandbox.ErrSandboxFailed)}
+			return look{Diagnosis: guesthost.Diagnosis{Err: fmt.Errorf("the task was deleted from outside: %w", sandbox.ErrSandboxFailed)}}, false
 		}
-		return guesthost.Diagnosis{Err: translate("task status", err)}
+		return look{Diagnosis: guesthost.Diagnosis{Err: translate("task status", err)}}, false
 	}
-	d := guesthost.Diagnosis{State: "task " + string(st.Status)}
+	d := look{Diagnosis: guesthost.Diagnosis{State: "task " + string(st.Status)}}
 	if st.Status == client.Stopped {
 		d.State += fmt.Sprintf(", exit status %d", st.ExitStatus)
+		d.exitStatus = st.ExitStatus
 	}
 	if st.Status == client.Paused || st.Status == client.Pausing {
 		d.Infra = "the task is paused"
 	}
-	return d
+	return d, st.Status == client.Stopped
+}
+
+// killedFromOutside says why a stopped task with this exit status was
+// killed from outside the sandbox, or "" when that is not known: under runc
+// only, the guest ended by SIGKILL while the memory cgroup counts no OOM
+// kill (an unreadable count says nothing).
+func (c *Container) killedFromOutside(ctx context.Context, exitStatus uint32) string {
+	if c.spec.Runtime == sandbox.RuntimeRunsc || exitStatus != 128+uint32(syscall.SIGKILL) {
+		return ""
+	}
+	n, err := c.oomKills(ctx)
+	if err != nil || n != 0 {
+		return ""
+	}
+	return "the guest was killed by SIGKILL from outside the sandbox (no process in it can send its init SIGKILL under runc, and its memory cgroup counts no OOM kill)"
+}
+
+// oomKills reads how many processes the kernel's OOM killer has killed in
+// the container's memory cgroup (cgroup v1's memory.oom_control, v2's
+// memory.events).
+func (c *Container) oomKills(ctx context.Context) (int, error) {
+	spec, err := c.ctr.Spec(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if spec.Linux == nil || spec.Linux.CgroupsPath == "" {
+		return 0, fmt.Errorf("no cgroups path")
+	}
+	p := spec.Linux.CgroupsPath
+	if strings.Contains(p, ":") {
+		return 0, fmt.Errorf("systemd cgroups path %q", p)
+	}
+	files := []string{
+		filepath.Join("/sys/fs/cgroup/memory", p, "memory.oom_control"),
+		filepath.Join("/sys/fs/cgroup", p, "memory.events"),
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, " "); ok && k == "oom_kill" {
+				return strconv.Atoi(strings.TrimSpace(v))
+			}
+		}
+		return 0, fmt.Errorf("%s counts no oom_kill", f)
+	}
+	return 0, fmt.Errorf("no memory cgroup for %s", p)
 }
 
 // Close ends every call in flight (they fail with ErrClosed), kills the
