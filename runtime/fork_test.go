@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/runtime"
@@ -216,6 +217,37 @@ func TestAForkTheEpisodesOwnFilesPreventIsAConflictNotInfrastructure(t *testing.
 	}
 	if after := metric(); after != failures {
 		t.Errorf("the refused fork was counted as a sandbox failure: %v -> %v", failures, after)
+	}
+	if code, r := bash(s, opened.ID, "echo still here"); code != 200 || r.Results[0].Output != "still here\n" {
+		t.Errorf("the parent after the refused fork: %d %+v", code, r)
+	}
+}
+
+// An episode whose commands made more files than a copying fork takes
+// (sandbox.MaxCopyEntries: the count is the agent's to choose, and each
+// file costs the copy a guest request per child) gets a 409 at once,
+// before any child is made, not a fork that holds the episode for minutes.
+func TestAForkOfMoreFilesThanACopyTakesIsRefusedAtOnce(t *testing.T) {
+	src := dockerBackends(t)
+	s := startService(t, "", func(o *runtime.Options) { o.Backends = src })
+	var opened struct{ ID string }
+	if code, _ := s.do("POST", "/v1/episodes", map[string]any{"task": dockerTask("fork-many")}, &opened); code != 201 {
+		t.Fatalf("open: %d", code)
+	}
+	t.Cleanup(func() { s.do("DELETE", "/v1/episodes/"+opened.ID, nil, nil) })
+	cmd := fmt.Sprintf("mkdir /work/many && cd /work/many && seq 1 %d | xargs touch && echo made", sandbox.MaxCopyEntries+1000)
+	if code, r := bash(s, opened.ID, cmd); code != 200 || r.Results[0].Output != "made\n" {
+		t.Fatalf("step: %d %+v", code, r)
+	}
+	start := time.Now()
+	var e apiErr
+	code, _ := s.do("POST", "/v1/episodes/"+opened.ID+"/fork", map[string]any{"n": 2}, &e)
+	took := time.Since(start)
+	if code != http.StatusConflict || e.Error.Field != "id" || !strings.Contains(e.Error.Message, fmt.Sprint(sandbox.MaxCopyEntries)) {
+		t.Errorf("fork: %d %+v, want 409 naming the %d-file limit", code, e.Error, sandbox.MaxCopyEntries)
+	}
+	if took > 5*time.Second {
+		t.Errorf("the refusal took %v", took)
 	}
 	if code, r := bash(s, opened.ID, "echo still here"); code != 200 || r.Results[0].Output != "still here\n" {
 		t.Errorf("the parent after the refused fork: %d %+v", code, r)

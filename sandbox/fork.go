@@ -149,20 +149,70 @@ func CloseAll(sbs []Sandbox) error {
 // sockets and devices (no data to copy; the commands' user cannot make
 // devices) are left out; hard links become separate files. Files over
 // MaxFileBytes cannot be copied: CopyFiles fails naming the first
-// (ErrTooLarge).
+// (ErrTooLarge). So does a tree over the copy budget (MaxCopyEntries,
+// MaxCopyBytes), found before anything is copied: CopyFiles is PlanCopy,
+// then CopyPlan.CopyTo, then CopyPlan.Release.
 func CopyFiles(ctx context.Context, from Sandbox, to []Sandbox, roots ...string) (err error) {
-	var files []string
-	type link struct{ path, target string }
-	var links []link
-	var dirs, fifos []entry
-	var restore []entry // modes to give back in from
-	modes := map[string]fs.FileMode{}
-	run := func(sb Sandbox, argv ...string) error { return runArgv(ctx, sb, argv...) }
+	p, err := PlanCopy(ctx, from, roots...)
+	if err != nil {
+		return err
+	}
 	defer func() {
-		if rerr := chmodAll(ctx, from, restore); rerr != nil && err == nil {
-			err = fmt.Errorf("fork: give the files their modes back: %w", rerr)
+		if rerr := p.Release(ctx); rerr != nil && err == nil {
+			err = rerr
 		}
 	}()
+	return p.CopyTo(ctx, to)
+}
+
+// The copy budget of a fork through the guests (CopyFiles): each entry is
+// at least one guest request per child (about 2 ms each on Docker), and the
+// sandbox's commands choose how many there are, so a tree over the budget is
+// refused before anything is made (ErrTooLarge, the sandbox's doing) rather
+// than holding its episode for minutes. Backends that fork copy-on-write
+// (containerd under runc, WASM) copy nothing and have no such budget.
+const (
+	// MaxCopyEntries is the most files, directories, links and FIFOs a
+	// copy takes (about 10 s on Docker).
+	MaxCopyEntries = 5000
+	// MaxCopyBytes is the most bytes of regular files a copy takes.
+	MaxCopyBytes int64 = 256 << 20
+)
+
+// CopyPlan is what PlanCopy found under the roots of a sandbox: what
+// CopyTo copies into others. Release gives the files of the sandbox the
+// modes PlanCopy changed for the copy.
+type CopyPlan struct {
+	from    Sandbox
+	files   []string
+	links   []copyLink
+	dirs    []entry
+	fifos   []entry
+	restore []entry // modes to give back in from
+	modes   map[string]fs.FileMode
+	bytes   int64
+
+	released bool
+}
+
+type copyLink struct{ path, target string }
+
+// PlanCopy walks what lies under roots in from (see CopyFiles) and
+// returns the plan of its copy, checking the copy budget as it goes: a
+// tree of more than MaxCopyEntries entries or MaxCopyBytes bytes, or a
+// file over MaxFileBytes, fails at once with ErrTooLarge, its walk
+// stopped there (so at most MaxCopyEntries entries are listed) and from
+// left as it was.
+func PlanCopy(ctx context.Context, from Sandbox, roots ...string) (_ *CopyPlan, err error) {
+	p := &CopyPlan{from: from, modes: map[string]fs.FileMode{}}
+	defer func() {
+		if err != nil {
+			if rerr := p.Release(ctx); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}
+	}()
+	entries := 0
 	// open makes what a listing holds readable (files) or searchable
 	// (directories) by its owner in from, one chmod for the lot.
 	open := func(perm string, es []entry) error {
@@ -176,7 +226,7 @@ func CopyFiles(ctx context.Context, from Sandbox, to []Sandbox, roots ...string)
 		if err := runEach(ctx, from, []string{"chmod", perm, "--"}, paths); err != nil {
 			return err
 		}
-		restore = append(restore, es...)
+		p.restore = append(p.restore, es...)
 		return nil
 	}
 	var walk func(dir string) error
@@ -185,30 +235,40 @@ func CopyFiles(ctx context.Context, from Sandbox, to []Sandbox, roots ...string)
 		if err != nil {
 			return fmt.Errorf("fork: list %s: %w", dir, err)
 		}
+		entries += len(list)
+		if entries > MaxCopyEntries {
+			return fmt.Errorf("fork: the sandbox holds more than %d files, directories and links under %s, the most a fork copies through the guests (a backend that forks copy-on-write has no such limit: containerd under runc, wasm): %w",
+				MaxCopyEntries, strings.Join(roots, " and "), ErrTooLarge)
+		}
 		var shutDirs, lockedFiles []entry
 		var subdirs []string
 		for _, fi := range list {
-			p := path.Join(dir, fi.Name)
+			fp := path.Join(dir, fi.Name)
 			switch {
 			case fi.IsDir:
-				dirs = append(dirs, entry{p, fi.Mode, true})
-				subdirs = append(subdirs, p)
+				p.dirs = append(p.dirs, entry{fp, fi.Mode, true})
+				subdirs = append(subdirs, fp)
 				if fi.Mode.Perm()&0o500 != 0o500 {
-					shutDirs = append(shutDirs, entry{p, fi.Mode, true})
+					shutDirs = append(shutDirs, entry{fp, fi.Mode, true})
 				}
 			case fi.Link != "" || fi.Mode&fs.ModeSymlink != 0:
-				links = append(links, link{p, fi.Link})
+				p.links = append(p.links, copyLink{fp, fi.Link})
 			case fi.Mode.IsRegular():
 				if fi.Size > MaxFileBytes {
-					return fmt.Errorf("fork: %s has %d bytes, over the %d a file can be copied with: %w", p, fi.Size, MaxFileBytes, ErrTooLarge)
+					return fmt.Errorf("fork: %s has %d bytes, over the %d a file can be copied with: %w", fp, fi.Size, MaxFileBytes, ErrTooLarge)
 				}
-				files = append(files, p)
-				modes[p] = fi.Mode.Perm()
+				p.bytes += fi.Size
+				if p.bytes > MaxCopyBytes {
+					return fmt.Errorf("fork: the sandbox's files under %s hold more than %d bytes, the most a fork copies through the guests (a backend that forks copy-on-write has no such limit: containerd under runc, wasm): %w",
+						strings.Join(roots, " and "), MaxCopyBytes, ErrTooLarge)
+				}
+				p.files = append(p.files, fp)
+				p.modes[fp] = fi.Mode.Perm()
 				if fi.Mode.Perm()&0o400 == 0 {
-					lockedFiles = append(lockedFiles, entry{p, fi.Mode, false})
+					lockedFiles = append(lockedFiles, entry{fp, fi.Mode, false})
 				}
 			case fi.Mode&fs.ModeNamedPipe != 0:
-				fifos = append(fifos, entry{p, fi.Mode, false})
+				p.fifos = append(p.fifos, entry{fp, fi.Mode, false})
 			default:
 				// A socket or a device: nothing to copy.
 			}
@@ -228,9 +288,29 @@ func CopyFiles(ctx context.Context, from Sandbox, to []Sandbox, roots ...string)
 	}
 	for _, r := range roots {
 		if err := walk(r); err != nil {
-			return err
+			return nil, err
 		}
 	}
+	return p, nil
+}
+
+// Release gives the files of the planned sandbox the modes PlanCopy
+// changed for the copy. Once; later calls do nothing.
+func (p *CopyPlan) Release(ctx context.Context) error {
+	if p.released {
+		return nil
+	}
+	p.released = true
+	if err := chmodAll(ctx, p.from, p.restore); err != nil {
+		return fmt.Errorf("fork: give the files their modes back: %w", err)
+	}
+	return nil
+}
+
+// CopyTo copies the planned files into every sandbox of to (see
+// CopyFiles), reading each file of the planned sandbox once.
+func (p *CopyPlan) CopyTo(ctx context.Context, to []Sandbox) error {
+	run := func(sb Sandbox, argv ...string) error { return runArgv(ctx, sb, argv...) }
 	each := func(f func(sb Sandbox) error) error {
 		errs := make([]error, len(to))
 		var wg sync.WaitGroup
@@ -241,31 +321,31 @@ func CopyFiles(ctx context.Context, from Sandbox, to []Sandbox, roots ...string)
 		wg.Wait()
 		return errors.Join(errs...)
 	}
-	if len(dirs) > 0 {
+	if len(p.dirs) > 0 {
 		var paths []string
-		for _, d := range dirs {
+		for _, d := range p.dirs {
 			paths = append(paths, d.path)
 		}
 		if err := each(func(sb Sandbox) error { return runEach(ctx, sb, []string{"mkdir", "-p", "--"}, paths) }); err != nil {
 			return err
 		}
 	}
-	for _, p := range files {
-		data, err := from.ReadFile(ctx, p, MaxFileBytes)
+	for _, fp := range p.files {
+		data, err := p.from.ReadFile(ctx, fp, MaxFileBytes)
 		if err != nil {
 			return fmt.Errorf("fork: %w", err)
 		}
-		mode := modes[p]
-		if err := each(func(sb Sandbox) error { return sb.WriteFile(ctx, p, data, mode) }); err != nil {
+		mode := p.modes[fp]
+		if err := each(func(sb Sandbox) error { return sb.WriteFile(ctx, fp, data, mode) }); err != nil {
 			return fmt.Errorf("fork: %w", err)
 		}
 	}
-	for _, l := range links {
+	for _, l := range p.links {
 		if err := each(func(sb Sandbox) error { return run(sb, "ln", "-sfn", "--", l.target, l.path) }); err != nil {
 			return err
 		}
 	}
-	for _, f := range fifos {
+	for _, f := range p.fifos {
 		if err := each(func(sb Sandbox) error {
 			return run(sb, "mkfifo", "-m", fmt.Sprintf("%o", f.mode.Perm()), "--", f.path)
 		}); err != nil {
@@ -273,7 +353,7 @@ func CopyFiles(ctx context.Context, from Sandbox, to []Sandbox, roots ...string)
 		}
 	}
 	// The directories' modes last, once nothing more is written into them.
-	return each(func(sb Sandbox) error { return chmodAll(ctx, sb, dirs) })
+	return each(func(sb Sandbox) error { return chmodAll(ctx, sb, p.dirs) })
 }
 
 // entry is a path of a sandbox with its mode.

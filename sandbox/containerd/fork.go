@@ -36,11 +36,22 @@ func (c *Container) Fork(ctx context.Context, n int) ([]sandbox.Sandbox, error) 
 		return nil, err
 	}
 	if c.spec.Runtime == sandbox.RuntimeRunsc {
+		// Walk first: a tree over the copy budget is refused before any
+		// child is made (ErrTooLarge, the sandbox's doing).
+		plan, err := sandbox.PlanCopy(ctx, c, c.spec.Workdir, "/tmp")
+		if err != nil {
+			return nil, err
+		}
+		defer plan.Release(context.WithoutCancel(ctx))
 		kids, err := sandbox.CreateAll(ctx, n, func(ctx context.Context) (sandbox.Sandbox, error) { return c.b.Create(ctx, c.spec) })
 		if err != nil {
 			return nil, err
 		}
-		if err := sandbox.CopyFiles(ctx, c, kids, c.spec.Workdir, "/tmp"); err != nil {
+		if err := plan.CopyTo(ctx, kids); err != nil {
+			sandbox.CloseAll(kids)
+			return nil, err
+		}
+		if err := plan.Release(ctx); err != nil {
 			sandbox.CloseAll(kids)
 			return nil, err
 		}
