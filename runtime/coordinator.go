@@ -82,6 +82,7 @@ type clusterRollout struct {
 	Policy           cluster.Policy `json:"policy"`
 	RetryInterrupted bool           `json:"retry_interrupted,omitempty"`
 	TrainStep        int64          `json:"train_step,omitempty"`
+	MaxStaleness     *int           `json:"max_staleness,omitempty"`
 }
 
 // workerState is a worker as its heartbeats show it.
@@ -310,6 +311,10 @@ func (c *coordinator) publish(j *job) {
 	s, r, e := c.s, j.r, j.ep
 	item := cluster.WorkItem{EpisodeID: e.rec.ID, RolloutID: r.id, GroupID: e.rec.GroupID, GroupIndex: e.rec.GroupIndex,
 		TaskIndex: e.rec.TaskIndex, Task: r.rec.Tasks[e.rec.TaskIndex], Backend: j.plan.backend, Policy: *r.wire, TrainStep: r.trainStep}
+	if r.maxStaleness >= 0 {
+		m := r.maxStaleness
+		item.MaxStaleness = &m
+	}
 	body, _ := json.Marshal(item)
 	subject := cluster.WorkSubject(j.plan.backend, e.rec.ID)
 	for attempt := 0; ; attempt++ {
@@ -355,12 +360,12 @@ func (c *coordinator) onClaim(m *nats.Msg) {
 			rec := d.claim
 			c.mu.Unlock()
 			c.saveClaim(cl.EpisodeID, rec)
-			c.reply(m, cluster.ClaimReply{Decision: cluster.DecisionRun, Attempt: rec.Attempt})
+			c.reply(m, cluster.ClaimReply{Decision: cluster.DecisionRun, Attempt: rec.Attempt, Versions: d.j.r.versionList()})
 			return
 		case d.claim.Worker == cl.Worker && d.claim.Delivery == cl.Delivery:
 			attempt := d.claim.Attempt // the same claim again (its answer was lost)
 			c.mu.Unlock()
-			c.reply(m, cluster.ClaimReply{Decision: cluster.DecisionRun, Attempt: attempt})
+			c.reply(m, cluster.ClaimReply{Decision: cluster.DecisionRun, Attempt: attempt, Versions: d.j.r.versionList()})
 			return
 		}
 		// Redelivered while an attempt is on record: that attempt was lost.
@@ -368,6 +373,60 @@ func (c *coordinator) onClaim(m *nats.Msg) {
 		c.mu.Unlock()
 		c.lost(d, fmt.Sprintf("its work item was redelivered (delivery %d) to worker %s", cl.Delivery, cl.Worker), false)
 	}
+}
+
+// versionList is a copy of the rollout's announced policy versions.
+func (r *rollout) versionList() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.versions)
+}
+
+// announce tells the workers a rollout's policy versions after an
+// announcement and returns how many episodes they cancelled as stale: it
+// waits (up to two seconds) for the answer of each worker that holds one of
+// the rollout's episodes; a worker that does not answer in time still
+// cancels its stale episodes (they end cancelled), uncounted here.
+func (c *coordinator) announce(r *rollout) int {
+	body, _ := json.Marshal(cluster.Versions{RolloutID: r.id, Versions: r.versionList()})
+	expected := map[string]bool{}
+	c.mu.Lock()
+	for _, d := range c.eps {
+		if d.j.r == r && !d.ended && d.claim.Worker != "" {
+			expected[d.claim.Worker] = true
+		}
+	}
+	c.mu.Unlock()
+	inbox := c.nc.NewRespInbox()
+	ch := make(chan *nats.Msg, 64)
+	sub, err := c.nc.ChanSubscribe(inbox, ch)
+	if err != nil {
+		c.s.log.Warn("cluster: announcing a policy version", "rollout", r.id, "err", err)
+		return 0
+	}
+	defer sub.Unsubscribe()
+	if err := c.nc.PublishRequest(cluster.VersionsSubject, inbox, body); err != nil {
+		c.s.log.Warn("cluster: announcing a policy version", "rollout", r.id, "err", err)
+		return 0
+	}
+	timeout := time.NewTimer(2 * time.Second)
+	defer timeout.Stop()
+	n := 0
+	for len(expected) > 0 {
+		select {
+		case m := <-ch:
+			var ack cluster.VersionsAck
+			if json.Unmarshal(m.Data, &ack) != nil || ack.Worker == "" {
+				continue // e.g. "no responders"
+			}
+			n += ack.Cancelled
+			delete(expected, ack.Worker)
+		case <-timeout.C:
+			c.s.log.Warn("cluster: workers did not answer a policy version announcement in 2s", "rollout", r.id, "workers", len(expected))
+			return n
+		}
+	}
+	return n
 }
 
 // unknownClaim answers the claim of an episode not in flight here: ended
@@ -897,18 +956,14 @@ func (c *coordinator) waitIdle(ctx context.Context) int {
 
 // clusterRefuses refuses, on a coordinator, what its workers cannot run
 // yet: orchestrator tasks (their sub-agents share the scheduler's slots),
-// prefix groups (one prefix run per group, on one host), search tasks (the
-// index is the coordinator's file) and max_staleness (announced versions
-// stay on the coordinator).
+// prefix groups (one prefix run per group, on one host) and search tasks
+// (the index is the coordinator's file).
 func (s *Server) clusterRefuses(req *RolloutRequest, tasks []*agent.Task) error {
 	if s.coord == nil {
 		if req.RetryInterrupted {
 			return badField("retry_interrupted", "only a cluster coordinator (rollbox serve --cluster) loses attempts with their workers")
 		}
 		return nil
-	}
-	if req.MaxStaleness != nil {
-		return badField("max_staleness", "not supported by a cluster coordinator yet (rollbox serve --cluster)")
 	}
 	for i, t := range tasks {
 		field := fmt.Sprintf("tasks[%d]", i)
@@ -979,6 +1034,9 @@ func (c *coordinator) resumeRollout(rr *rolloutRecord) error {
 	cl := rr.Cluster
 	wire := cl.Policy
 	r.wire, r.retryInterrupted, r.trainStep, r.info = &wire, cl.RetryInterrupted, cl.TrainStep, wire.Info
+	if cl.MaxStaleness != nil {
+		r.maxStaleness = *cl.MaxStaleness
+	}
 	if rr.Schedule == ScheduleGroups {
 		conc := s.limits.PolicyConcurrency
 		if m := wire.MaxConcurrency; m > 0 && m < conc {

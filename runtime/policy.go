@@ -78,10 +78,9 @@ type gatedPolicy struct {
 	ep         *endpoint
 	rolloutSem chan struct{}
 	metrics    *Metrics
-	// r and e, when set, give each turn the rollout's policy version and
-	// end a stale episode (max_staleness).
-	r *rollout
-	e *episodeState
+	// versions, when set, gives each turn the rollout's policy version and
+	// ends a stale episode (max_staleness).
+	versions versioner
 }
 
 func (g *gatedPolicy) Next(ctx context.Context, req agent.Request) (agent.Turn, error) {
@@ -99,8 +98,8 @@ func (g *gatedPolicy) Next(ctx context.Context, req agent.Request) (agent.Turn, 
 	inflight.Inc()
 	defer inflight.Dec()
 	var version string
-	if g.r != nil {
-		v, err := g.r.versionFor(g.e)
+	if g.versions != nil {
+		v, err := g.versions.versionFor()
 		if err != nil {
 			return agent.Turn{}, err
 		}

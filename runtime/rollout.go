@@ -493,7 +493,7 @@ func (s *Server) parseRollout(ctx context.Context, body []byte) (*rollout, []*jo
 		r.trainStep = *req.TrainStep
 	}
 	if s.coord != nil {
-		rec.Cluster = &clusterRollout{Policy: *r.wire, RetryInterrupted: r.retryInterrupted, TrainStep: r.trainStep}
+		rec.Cluster = &clusterRollout{Policy: *r.wire, RetryInterrupted: r.retryInterrupted, TrainStep: r.trainStep, MaxStaleness: req.MaxStaleness}
 	}
 	r.info = info
 	if v := s.initialVersion(req.PolicyVersion, tenantFrom(ctx)); v != "" {
@@ -733,7 +733,7 @@ func (s *Server) episodeConfig(j *job) (*agent.Config, error) {
 	cfg := j.plan.config(r.id, e.rec.GroupIndex, s.st.episodesDir)
 	cfg.NewSandbox = s.sandboxes.create
 	cfg.Prefix = e.group.prefix
-	cfg.Policy = &gatedPolicy{inner: r.policy, ep: r.endpoint, rolloutSem: r.sem, metrics: s.metrics, r: r, e: e}
+	cfg.Policy = &gatedPolicy{inner: r.policy, ep: r.endpoint, rolloutSem: r.sem, metrics: s.metrics, versions: episodeVersions{r, e}}
 	cfg.PolicyInfo, cfg.Sampling = r.info, r.sampling
 	cfg.Observe = s.metrics.observer(j.plan.backend)
 	cfg.Judges = s.judges

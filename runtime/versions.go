@@ -76,15 +76,37 @@ func (e *errStale) Error() string {
 
 // staleLocked is why e is stale, or nil.
 func (r *rollout) staleLocked(e *episodeState) error {
-	if r.maxStaleness < 0 || e.versionAt == 0 {
-		return nil
-	}
-	first, cur := e.versionAt-1, len(r.versions)-1
-	if cur-first <= r.maxStaleness {
-		return nil
-	}
-	return &errStale{first: r.versions[first], now: r.versions[cur], newer: cur - first, max: r.maxStaleness}
+	return staleness(r.versions, r.maxStaleness, e.versionAt)
 }
+
+// staleness is why an episode whose first turn was sampled under
+// versions[at-1] (at 0: no turn yet) is stale now that versions were
+// announced, or nil; maxStaleness < 0 is none.
+func staleness(versions []string, maxStaleness, at int) error {
+	if maxStaleness < 0 || at == 0 {
+		return nil
+	}
+	first, cur := at-1, len(versions)-1
+	if cur-first <= maxStaleness {
+		return nil
+	}
+	return &errStale{first: versions[first], now: versions[cur], newer: cur - first, max: maxStaleness}
+}
+
+// versioner gives each policy call of an episode the version it is
+// sampled under (gatedPolicy): the rollout's on one host, the worker's
+// copy of it on a cluster worker.
+type versioner interface {
+	versionFor() (string, error)
+}
+
+// episodeVersions is a single-host episode's versioner.
+type episodeVersions struct {
+	r *rollout
+	e *episodeState
+}
+
+func (v episodeVersions) versionFor() (string, error) { return v.r.versionFor(v.e) }
 
 // versionFor is the version a turn of e is sampled under now. It pins the
 // episode's first version on its first turn. When the episode is stale it
@@ -108,12 +130,13 @@ func (r *rollout) versionFor(e *episodeState) (string, error) {
 }
 
 // announce makes v the rollout's current version and cancels its running
-// episodes that are now stale. It returns how many it cancelled.
-func (r *rollout) announce(v string) int {
+// episodes that are now stale. It returns how many it cancelled and
+// whether v is new to the rollout.
+func (r *rollout) announce(v string) (cancelled int, changed bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if terminalState(r.rec.State) || (len(r.versions) > 0 && r.versions[len(r.versions)-1] == v) {
-		return 0
+		return 0, false
 	}
 	r.versions = append(r.versions, v)
 	n := 0
@@ -127,6 +150,17 @@ func (r *rollout) announce(v string) int {
 		}
 	}
 	r.notifyLocked()
+	return n, true
+}
+
+// announceTo announces v to ro; on a coordinator the workers running its
+// episodes cancel theirs that are now stale. It returns how many episodes
+// were cancelled.
+func (s *Server) announceTo(ro *rollout, v string) int {
+	n, changed := ro.announce(v)
+	if changed && s.coord != nil {
+		n += s.coord.announce(ro)
+	}
 	return n
 }
 
@@ -185,7 +219,7 @@ func (s *Server) postPolicyVersion(w http.ResponseWriter, r *http.Request) error
 		ended := terminalState(ro.rec.State)
 		ro.mu.Unlock()
 		if !ended {
-			res.Rollouts = append(res.Rollouts, PolicyVersionRollout{ID: ro.id, Cancelled: ro.announce(v)})
+			res.Rollouts = append(res.Rollouts, PolicyVersionRollout{ID: ro.id, Cancelled: s.announceTo(ro, v)})
 		}
 	}
 	s.log.Info("policy version announced", "version", v, "rollouts", len(res.Rollouts))
@@ -209,7 +243,7 @@ func (s *Server) postRolloutPolicyVersion(w http.ResponseWriter, r *http.Request
 	if ended {
 		return &apiError{Status: http.StatusConflict, Code: "rollout_ended", Field: "id", Message: fmt.Sprintf("rollout %s has ended", ro.id)}
 	}
-	n := ro.announce(v)
+	n := s.announceTo(ro, v)
 	writeHTTPJSON(w, http.StatusOK, PolicyVersionResult{Version: v, Rollouts: []PolicyVersionRollout{{ID: ro.id, Cancelled: n}}})
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -93,6 +94,16 @@ type worker struct {
 	running  map[string]*attempt // by episode id
 	rollouts map[string]*rolloutClient
 	stored   map[string]chan cluster.Stored // by episode id
+	// versions are the announced policy versions of the rollouts this
+	// worker runs or has heard of lately (claims, VersionsSubject).
+	versions map[string]*rolloutVersions
+}
+
+// rolloutVersions is a worker's copy of a rollout's announced policy
+// versions, oldest first, and when it last heard of them.
+type rolloutVersions struct {
+	list  []string
+	heard time.Time
 }
 
 // rolloutClient is what a worker holds of a rollout while it runs its
@@ -118,6 +129,9 @@ type attempt struct {
 	seq     int
 	seqMu   sync.Mutex
 	subject string
+	// versionAt is 1 + the index of the version of the episode's first
+	// turn in its rollout's versions, 0 before it (under worker.mu).
+	versionAt int
 }
 
 // RunWorker runs a cluster worker until ctx ends: it pulls work items of
@@ -186,7 +200,8 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	life, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
 	w := &worker{o: o, log: o.Logger, nc: nc, ctl: ctl, js: js, metrics: NewMetrics(o.Registry), free: make(chan struct{}, o.Slots),
-		running: map[string]*attempt{}, rollouts: map[string]*rolloutClient{}, stored: map[string]chan cluster.Stored{}}
+		running: map[string]*attempt{}, rollouts: map[string]*rolloutClient{}, stored: map[string]chan cluster.Stored{},
+		versions: map[string]*rolloutVersions{}}
 	// One process per ID: a second worker started with the ID of a live
 	// one would share its subjects (stored, ping) and its sandboxes'
 	// owner label, and its gc would remove the live one's sandboxes.
@@ -225,6 +240,11 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 		return err
 	}
 	defer csub.Unsubscribe()
+	vsub, err := nc.Subscribe(cluster.VersionsSubject, w.onVersions)
+	if err != nil {
+		return err
+	}
+	defer vsub.Unsubscribe()
 	w.beat(false)
 	go w.heartbeats(life)
 	o.Logger.Info("worker started", "worker", o.ID, "backend", o.Backend, "slots", o.Slots, "cluster", o.URL)
@@ -403,6 +423,88 @@ func (w *worker) freeIdleRollouts(now time.Time) {
 			delete(w.rollouts, id)
 		}
 	}
+	for id, rv := range w.versions {
+		if w.rollouts[id] == nil && now.Sub(rv.heard) >= w.o.RolloutIdle {
+			delete(w.versions, id)
+		}
+	}
+}
+
+// noteVersionsLocked keeps the longer of the rollout's versions held and
+// vs (versions are only ever appended).
+func (w *worker) noteVersionsLocked(rolloutID string, vs []string, now time.Time) {
+	rv := w.versions[rolloutID]
+	if rv == nil {
+		rv = &rolloutVersions{}
+		w.versions[rolloutID] = rv
+	}
+	if len(vs) > len(rv.list) {
+		rv.list = slices.Clone(vs)
+	}
+	rv.heard = now
+}
+
+// onVersions takes a rollout's versions after an announcement, cancels
+// the episodes of it running here that are now stale and answers how
+// many.
+func (w *worker) onVersions(m *nats.Msg) {
+	var v cluster.Versions
+	if json.Unmarshal(m.Data, &v) != nil || v.RolloutID == "" {
+		return
+	}
+	n := 0
+	w.mu.Lock()
+	w.noteVersionsLocked(v.RolloutID, v.Versions, time.Now())
+	list := w.versions[v.RolloutID].list
+	for _, a := range w.running {
+		if a.item.RolloutID != v.RolloutID || a.versionAt == 0 {
+			continue
+		}
+		if err := staleness(list, a.maxStaleness(), a.versionAt); err != nil {
+			a.cancel(err)
+			n++
+		}
+	}
+	w.mu.Unlock()
+	b, _ := json.Marshal(cluster.VersionsAck{Worker: w.o.ID, Cancelled: n})
+	m.Respond(b)
+}
+
+// maxStaleness is the attempt's rollout's max_staleness (-1: none).
+func (a *attempt) maxStaleness() int {
+	if a.item.MaxStaleness == nil {
+		return -1
+	}
+	return *a.item.MaxStaleness
+}
+
+// attemptVersions is a worker's versioner of an attempt: the rollout's
+// versions as the worker holds them, the attempt's first pinned, a stale
+// attempt cancelled, as rollout.versionFor on one host.
+type attemptVersions struct {
+	w *worker
+	a *attempt
+}
+
+func (v attemptVersions) versionFor() (string, error) {
+	w, a := v.w, v.a
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var list []string
+	if rv := w.versions[a.item.RolloutID]; rv != nil {
+		list = rv.list
+	}
+	if err := staleness(list, a.maxStaleness(), a.versionAt); err != nil {
+		a.cancel(err)
+		return "", err
+	}
+	if len(list) == 0 {
+		return "", nil
+	}
+	if a.versionAt == 0 {
+		a.versionAt = len(list)
+	}
+	return list[len(list)-1], nil
 }
 
 func (w *worker) onStored(m *nats.Msg) {
@@ -491,6 +593,7 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 	w.mu.Lock()
 	w.running[item.EpisodeID] = a
 	w.stored[item.EpisodeID] = storedCh
+	w.noteVersionsLocked(item.RolloutID, rep.Versions, time.Now())
 	w.mu.Unlock()
 	defer func() {
 		w.mu.Lock()
@@ -576,7 +679,8 @@ func (w *worker) run(ctx context.Context, a *attempt) cluster.Done {
 	// not this attempt's (its Done would send it).
 	os.Remove(filepath.Join(w.o.DataDir, item.EpisodeID+".json"))
 	ep := w.endpoints.get(item.Policy.BaseURL)
-	cfg.Policy = &askedPolicy{inner: &gatedPolicy{inner: rc.policy, ep: ep, rolloutSem: rc.sem, metrics: w.metrics}, a: a, w: w}
+	cfg.Policy = &askedPolicy{inner: &gatedPolicy{inner: rc.policy, ep: ep, rolloutSem: rc.sem, metrics: w.metrics,
+		versions: attemptVersions{w, a}}, a: a, w: w}
 	cfg.PolicyInfo = item.Policy.Info
 	if len(item.Policy.Sampling) > 0 {
 		json.Unmarshal(item.Policy.Sampling, &cfg.Sampling)

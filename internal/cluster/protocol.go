@@ -49,6 +49,11 @@
 //  6. Cancel. DELETE /v1/rollouts/{id} publishes a Cancel on CancelSubject;
 //     workers stop that rollout's episodes, which end cancelled and are
 //     journaled back as usual.
+//  7. Policy versions. The claim's answer carries the rollout's announced
+//     policy versions; an announcement (POST /v1/policy-version) is a
+//     Versions request on VersionsSubject. Workers stamp each turn with
+//     the last version, pin an episode's first, and end an episode stale
+//     beyond the rollout's max_staleness cancelled, as one host does.
 //
 // Everything published on a stream is durable once JetStream acks it;
 // core NATS messages (claims, heartbeats, stored, cancel) are retried by
@@ -93,6 +98,10 @@ const (
 	// worker answers at once; the coordinator asks it before it takes a
 	// worker whose heartbeats stopped for lost.
 	PingSubjectPrefix = "rollbox.ping."
+	// VersionsSubject takes a Versions (core request), coordinator to
+	// every worker, when a policy version is announced to a rollout; each
+	// worker answers a VersionsAck.
+	VersionsSubject = "rollbox.versions"
 )
 
 // Journal message headers (every message on JournalStream carries them).
@@ -197,6 +206,10 @@ type WorkItem struct {
 	Policy  Policy `json:"policy"`
 	// TrainStep is the rollout's train_step.
 	TrainStep int64 `json:"train_step,omitempty"`
+	// MaxStaleness is the rollout's max_staleness (absent: none): an
+	// episode whose first turn was sampled under a version more than this
+	// many announcements old ends cancelled, as on one host.
+	MaxStaleness *int `json:"max_staleness,omitempty"`
 }
 
 // Policy is the rollout's policy as the worker calls it. The API key is
@@ -233,6 +246,10 @@ type ClaimReply struct {
 	Decision string `json:"decision"`
 	Attempt  int    `json:"attempt,omitempty"`
 	Reason   string `json:"reason,omitempty"`
+	// Versions are the rollout's announced policy versions so far, oldest
+	// first (with run): the worker stamps each turn with the last one and
+	// keeps them up to date from VersionsSubject.
+	Versions []string `json:"versions,omitempty"`
 }
 
 // Done ends an attempt (the body of a KindDone journal message).
@@ -275,6 +292,23 @@ type Running struct {
 	Attempt    int    `json:"attempt"`
 	AckSubject string `json:"ack_subject"`
 	Asked      bool   `json:"asked,omitempty"`
+}
+
+// Versions tells the workers a rollout's policy versions after an
+// announcement (the whole list, oldest first: a worker keeps the longer of
+// what it has and what it hears). A worker cancels the episodes of the
+// rollout it runs that are now stale (max_staleness) and answers a
+// VersionsAck.
+type Versions struct {
+	RolloutID string   `json:"rollout_id"`
+	Versions  []string `json:"versions"`
+}
+
+// VersionsAck answers a Versions: how many episodes the worker cancelled
+// as stale.
+type VersionsAck struct {
+	Worker    string `json:"worker"`
+	Cancelled int    `json:"cancelled"`
 }
 
 // Cancel stops a rollout's episodes on every worker.
