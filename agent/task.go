@@ -366,6 +366,11 @@ func (t *Task) Validate(knownTools func(string) bool) error {
 	return nil
 }
 
+// SetDir makes t a task read from a task file in dir: relative workspace
+// and index paths resolve there (a cluster worker's copy of a
+// coordinator's task, decoded from JSON, which does not carry it).
+func (t *Task) SetDir(dir string) { t.dir = dir }
+
 // Dir is the absolute directory of the task file the task was read from
 // ("" for a task without a file): relative workspace and index paths
 // resolve there.

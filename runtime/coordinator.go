@@ -83,6 +83,16 @@ type clusterRollout struct {
 	RetryInterrupted bool           `json:"retry_interrupted,omitempty"`
 	TrainStep        int64          `json:"train_step,omitempty"`
 	MaxStaleness     *int           `json:"max_staleness,omitempty"`
+	// Tasks are, by task index, what a work item needs beyond the task's
+	// JSON (absent when no task needs any).
+	Tasks []clusterTask `json:"tasks,omitempty"`
+}
+
+// clusterTask is what a worker needs of a task beyond its JSON: the
+// directory of its task file and its search index's identity.
+type clusterTask struct {
+	Dir   string `json:"dir,omitempty"`
+	Index string `json:"index,omitempty"`
 }
 
 // workerState is a worker as its heartbeats show it.
@@ -314,6 +324,9 @@ func (c *coordinator) publish(j *job) {
 	if r.maxStaleness >= 0 {
 		m := r.maxStaleness
 		item.MaxStaleness = &m
+	}
+	if cl := r.rec.Cluster; cl != nil && e.rec.TaskIndex < len(cl.Tasks) {
+		item.TaskDir, item.Index = cl.Tasks[e.rec.TaskIndex].Dir, cl.Tasks[e.rec.TaskIndex].Index
 	}
 	body, _ := json.Marshal(item)
 	subject := cluster.WorkSubject(j.plan.backend, e.rec.ID)
@@ -954,10 +967,35 @@ func (c *coordinator) waitIdle(ctx context.Context) int {
 	}
 }
 
+// clusterTasks is, on a coordinator, what its workers need of the tasks
+// beyond their JSON (clusterRollout.Tasks; nil when none needs anything):
+// the directory of each task's file and each search index's identity.
+func (s *Server) clusterTasks(tasks []*agent.Task) ([]clusterTask, error) {
+	out := make([]clusterTask, len(tasks))
+	needed := false
+	for i, t := range tasks {
+		out[i].Dir = t.Dir()
+		if t.Retriever != nil {
+			if s.opts.SearchIndex == nil {
+				return nil, badField(fmt.Sprintf("tasks[%d].retriever", i), "this coordinator was opened without its search indexes")
+			}
+			id, err := s.opts.SearchIndex(t)
+			if err != nil {
+				return nil, badField(fmt.Sprintf("tasks[%d].retriever", i), "%v", err)
+			}
+			out[i].Index = id
+		}
+		needed = needed || out[i] != clusterTask{}
+	}
+	if !needed {
+		return nil, nil
+	}
+	return out, nil
+}
+
 // clusterRefuses refuses, on a coordinator, what its workers cannot run
-// yet: orchestrator tasks (their sub-agents share the scheduler's slots),
-// prefix groups (one prefix run per group, on one host) and search tasks
-// (the index is the coordinator's file).
+// yet: orchestrator tasks (their sub-agents share the scheduler's slots)
+// and prefix groups (one prefix run per group, on one host).
 func (s *Server) clusterRefuses(req *RolloutRequest, tasks []*agent.Task) error {
 	if s.coord == nil {
 		if req.RetryInterrupted {
@@ -972,8 +1010,6 @@ func (s *Server) clusterRefuses(req *RolloutRequest, tasks []*agent.Task) error 
 			return badField(field+".orchestrator", "orchestrator tasks do not run on cluster workers yet (rollbox serve --cluster)")
 		case t.Prefix != nil:
 			return badField(field+".prefix", "tasks with a prefix do not run on cluster workers yet (rollbox serve --cluster)")
-		case t.Retriever != nil:
-			return badField(field+".retriever", "search tasks do not run on cluster workers yet: their index is the coordinator's (rollbox serve --cluster)")
 		}
 	}
 	return nil
@@ -1036,6 +1072,11 @@ func (c *coordinator) resumeRollout(rr *rolloutRecord) error {
 	r.wire, r.retryInterrupted, r.trainStep, r.info = &wire, cl.RetryInterrupted, cl.TrainStep, wire.Info
 	if cl.MaxStaleness != nil {
 		r.maxStaleness = *cl.MaxStaleness
+	}
+	for i, ct := range cl.Tasks {
+		if i < len(r.tasks) {
+			r.tasks[i].SetDir(ct.Dir)
+		}
 	}
 	if rr.Schedule == ScheduleGroups {
 		conc := s.limits.PolicyConcurrency

@@ -493,7 +493,11 @@ func (s *Server) parseRollout(ctx context.Context, body []byte) (*rollout, []*jo
 		r.trainStep = *req.TrainStep
 	}
 	if s.coord != nil {
-		rec.Cluster = &clusterRollout{Policy: *r.wire, RetryInterrupted: r.retryInterrupted, TrainStep: r.trainStep, MaxStaleness: req.MaxStaleness}
+		ctasks, err := s.clusterTasks(tasks)
+		if err != nil {
+			return nil, nil, err
+		}
+		rec.Cluster = &clusterRollout{Policy: *r.wire, RetryInterrupted: r.retryInterrupted, TrainStep: r.trainStep, MaxStaleness: req.MaxStaleness, Tasks: ctasks}
 	}
 	r.info = info
 	if v := s.initialVersion(req.PolicyVersion, tenantFrom(ctx)); v != "" {

@@ -45,6 +45,11 @@ type Options struct {
 	// ConfigureEpisode, if set, may adjust each episode's config (search
 	// tools over the catalog's indexes).
 	ConfigureEpisode func(*agent.Config) error
+	// SearchIndex, on a cluster coordinator, is the identity
+	// (cluster.IndexIdentity) of the index a search task names, as opened
+	// on this host: each work item carries it, and workers run the episode
+	// only on the same index. Without it a coordinator refuses search tasks.
+	SearchIndex func(*agent.Task) (string, error)
 	// Registry receives the metrics and serves /metrics; a new one when nil.
 	Registry *prometheus.Registry
 	// Logger gets the structured log; slog.Default() when nil.

@@ -59,6 +59,12 @@ type WorkerOptions struct {
 	// ID free (no live worker answers to it), before it takes work: the
 	// command removes there what a killed predecessor of the same ID left.
 	Prepare func(context.Context)
+	// ConfigureEpisode, when set, adjusts each episode's config as
+	// Options.ConfigureEpisode does on one host: a search task's tools over
+	// its index, which must have the identity index (the work item's
+	// Index, cluster.IndexIdentity). Its error fails the attempt as an
+	// infrastructure failure (retried, possibly on another worker).
+	ConfigureEpisode func(cfg *agent.Config, index string) error
 	// RolloutIdle is how long the worker keeps a rollout's policy client
 	// after the last of its episodes here ended (default one minute): a
 	// rollout that has ended frees it.
@@ -664,6 +670,7 @@ func (w *worker) run(ctx context.Context, a *attempt) cluster.Done {
 	if err := json.Unmarshal(item.Task, task); err != nil {
 		return cluster.Done{Error: fmt.Sprintf("the work item's task: %v", err)}
 	}
+	task.SetDir(item.TaskDir)
 	rc, err := w.rollout(item)
 	defer w.releaseRollout(item.RolloutID, rc)
 	if err != nil {
@@ -689,6 +696,14 @@ func (w *worker) run(ctx context.Context, a *attempt) cluster.Done {
 	cfg.Judges = w.judges
 	cfg.TrainStep = item.TrainStep
 	cfg.Journal = func(line []byte) error { return w.publishLine(ctx, a, line) }
+	switch {
+	case w.o.ConfigureEpisode != nil:
+		if err := w.o.ConfigureEpisode(&cfg, item.Index); err != nil {
+			return cluster.Done{InfraFailure: true, Error: fmt.Sprintf("worker %s: %v", w.o.ID, err)}
+		}
+	case task.Retriever != nil:
+		return cluster.Done{InfraFailure: true, Error: fmt.Sprintf("worker %s opens no search index (task %q names retriever.index %s)", w.o.ID, task.ID, task.IndexPath())}
+	}
 	w.backends.get(ctx, pl.backend)
 	s, err := agent.Open(ctx, cfg)
 	var oe *agent.OpenError

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"path/filepath"
 	"sort"
+	"sync"
 
 	"github.com/rollbox/rollbox/agent"
+	"github.com/rollbox/rollbox/internal/cluster"
 	"github.com/rollbox/rollbox/retriever"
 	"github.com/rollbox/rollbox/tools"
 )
@@ -13,6 +15,7 @@ import (
 // searchIndexes holds the indexes a run's search tasks name: each opened
 // once, read-only, and shared by every episode that uses it.
 type searchIndexes struct {
+	mu   sync.Mutex
 	open map[string]*retriever.Index
 }
 
@@ -53,7 +56,9 @@ func (s *searchIndexes) configure(cfg *agent.Config) error {
 	if t.Retriever == nil {
 		return nil
 	}
+	s.mu.Lock()
 	ix := s.open[indexKey(t.IndexPath())]
+	s.mu.Unlock()
 	if ix == nil {
 		return fmt.Errorf("task %q: index %s was not opened", t.ID, t.IndexPath())
 	}
@@ -76,6 +81,51 @@ func (s *searchIndexes) configure(cfg *agent.Config) error {
 		return nil
 	}
 	return nil
+}
+
+// identity is runtime.Options.SearchIndex: the identity of the index a
+// search task names, as opened here.
+func (s *searchIndexes) identity(t *agent.Task) (string, error) {
+	s.mu.Lock()
+	ix := s.open[indexKey(t.IndexPath())]
+	s.mu.Unlock()
+	if ix == nil {
+		return "", fmt.Errorf("task %q: index %s was not opened", t.ID, t.IndexPath())
+	}
+	return indexIdentity(ix), nil
+}
+
+func indexIdentity(ix *retriever.Index) string {
+	in := ix.Info()
+	return cluster.IndexIdentity(in.CorpusSHA256, in.Units, in.ChunkTokens, in.Scoring)
+}
+
+// configureWorker is runtime.WorkerOptions.ConfigureEpisode: a search
+// task's index is opened at its first episode here (the path the
+// coordinator's host resolved, from the task file's directory) and must
+// have the identity want, the coordinator's; then configure.
+func (s *searchIndexes) configureWorker(cfg *agent.Config, want string) error {
+	t := cfg.Task
+	if t.Retriever == nil {
+		return nil
+	}
+	path := t.IndexPath()
+	key := indexKey(path)
+	s.mu.Lock()
+	ix := s.open[key]
+	if ix == nil {
+		var err error
+		if ix, err = retriever.Open(path, retriever.OpenOptions{}); err != nil {
+			s.mu.Unlock()
+			return fmt.Errorf("task %q: retriever.index %s: %w", t.ID, path, err)
+		}
+		s.open[key] = ix
+	}
+	s.mu.Unlock()
+	if got := indexIdentity(ix); want != "" && got != want {
+		return fmt.Errorf("task %q: the index at %s is not the coordinator's: here %s, on the coordinator %s", t.ID, path, got, want)
+	}
+	return s.configure(cfg)
 }
 
 // Close closes every index.

@@ -326,7 +326,7 @@ stderr.`,
 		}
 		srv, err := runtime.Open(runtime.Options{
 			DataDir: *data, DefaultBackend: *backendName, Catalog: catalog, KnownTool: knownTool, PolicyAPIKey: cfg.openAIKey,
-			ConfigureEpisode: indexes.configure, Registry: reg, Logger: log, Limits: limits,
+			ConfigureEpisode: indexes.configure, SearchIndex: indexes.identity, Registry: reg, Logger: log, Limits: limits,
 			HTTP: runtime.HTTPTimeouts{Read: *readTimeout, Write: *writeTimeout, Idle: *idleTimeout}, Maxima: maxima,
 			Tenants: tenants, AllowedHosts: hosts, OutcomeSpec: outcomeSpec, Redactor: redactor,
 			Judge: env.judgeOptions(jf, judgeSpecs(catalog)), Cluster: clusterOpts,

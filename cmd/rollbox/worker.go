@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rollbox/rollbox/internal/cluster"
+	"github.com/rollbox/rollbox/retriever"
 	"github.com/rollbox/rollbox/runtime"
 	"github.com/rollbox/rollbox/sandbox"
 )
@@ -100,9 +101,13 @@ lines on stderr. See docs/scale-out.md.`,
 			notice := workerStopNotice
 			env.stopNotice.Store(&notice)
 		}
+		// Search tasks' indexes are opened at their first episode here.
+		indexes := &searchIndexes{open: map[string]*retriever.Index{}}
+		defer indexes.Close()
 		err := runtime.RunWorker(ctx, runtime.WorkerOptions{URL: *url, ID: *id, Host: host, Backend: *backendName, Slots: *slots,
 			PolicyConcurrency: *policyConc, DataDir: dir, Heartbeat: *heartbeat, PolicyAPIKey: cfg.openAIKey, WarmPool: *warm, Logger: log,
-			Backends: runtime.BackendFunc(backends.get),
+			Backends:         runtime.BackendFunc(backends.get),
+			ConfigureEpisode: indexes.configureWorker,
 			// Only once no live worker has its --id: the gc would remove
 			// a live worker's sandboxes.
 			Prepare: func(ctx context.Context) {

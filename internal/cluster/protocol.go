@@ -63,6 +63,7 @@ package cluster
 import (
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/rollbox/rollbox/agent/trajectory"
@@ -206,6 +207,15 @@ type WorkItem struct {
 	Policy  Policy `json:"policy"`
 	// TrainStep is the rollout's train_step.
 	TrainStep int64 `json:"train_step,omitempty"`
+	// TaskDir is the directory of the task file the coordinator read the
+	// task from (absent for a task sent inline): its relative workspace
+	// and retriever.index paths resolve there, on the worker as on the
+	// coordinator's host.
+	TaskDir string `json:"task_dir,omitempty"`
+	// Index, for a search task, is the identity of the index the
+	// coordinator's host opened at retriever.index (IndexIdentity): a worker
+	// runs the episode only on the same index.
+	Index string `json:"index,omitempty"`
 	// MaxStaleness is the rollout's max_staleness (absent: none): an
 	// episode whose first turn was sampled under a version more than this
 	// many announcements old ends cancelled, as on one host.
@@ -292,6 +302,14 @@ type Running struct {
 	Attempt    int    `json:"attempt"`
 	AckSubject string `json:"ack_subject"`
 	Asked      bool   `json:"asked,omitempty"`
+}
+
+// IndexIdentity names a search index by what it holds and how it was
+// built: its corpus's sha256, the units indexed, the chunk size and the
+// scoring. Two hosts run the same searches alike on indexes of one
+// identity.
+func IndexIdentity(corpusSHA256 string, units, chunkTokens int, scoring string) string {
+	return fmt.Sprintf("sha256:%s units:%d chunk_tokens:%d scoring:%s", corpusSHA256, units, chunkTokens, scoring)
 }
 
 // Versions tells the workers a rollout's policy versions after an
