@@ -90,7 +90,12 @@ type worker struct {
 	endpoints *endpoints
 	judges    *judge.Pool
 	metrics   *Metrics
-	free      chan struct{} // one token per free slot
+	// episodesTotal counts the episodes that ended here by termination
+	// reason; infraTotal the attempts that failed for the infrastructure's
+	// sake before the policy was asked (retried by the coordinator).
+	episodesTotal *prometheus.CounterVec
+	infraTotal    prometheus.Counter
+	free          chan struct{} // one token per free slot
 
 	// instance tells this process from another of the same ID (its
 	// answers to pings carry it).
@@ -219,13 +224,7 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	if o.Prepare != nil {
 		o.Prepare(ctx)
 	}
-	o.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rollbox_worker_rollout_clients",
-		Help: "Rollouts whose policy client the worker holds (freed once none of their episodes has run here for the rollout idle time)."},
-		func() float64 {
-			w.mu.Lock()
-			defer w.mu.Unlock()
-			return float64(len(w.rollouts))
-		}))
+	w.registerMetrics()
 	for range o.Slots {
 		w.free <- struct{}{}
 	}
@@ -299,6 +298,35 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	ctl.Flush()
 	nc.Flush()
 	return nil
+}
+
+// registerMetrics registers the worker's own series in its registry
+// (beside Metrics': sandboxes, tools, policy calls).
+func (w *worker) registerMetrics() {
+	count := func(f func() int) func() float64 {
+		return func() float64 {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			return float64(f())
+		}
+	}
+	w.episodesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rollbox_worker_episodes_total",
+		Help: "Episodes that ended on this worker, by termination reason (each stored by the coordinator with that end)."}, []string{"reason"})
+	w.infraTotal = prometheus.NewCounter(prometheus.CounterOpts{Name: "rollbox_worker_infra_failures_total",
+		Help: "Attempts that failed here for the infrastructure's sake before the policy was asked (a sandbox that did not open, a search index missing or not the coordinator's); the coordinator retries them."})
+	reconnects := func(conn string, nc *nats.Conn) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rollbox_worker_nats_reconnects_total",
+			Help:        "Reconnections to the NATS server, by connection: work (work items, claims, journal) or control (heartbeats, pings).",
+			ConstLabels: prometheus.Labels{"connection": conn}}, func() float64 { return float64(nc.Stats().Reconnects) })
+	}
+	w.o.Registry.MustRegister(w.episodesTotal, w.infraTotal, reconnects("work", w.nc), reconnects("control", w.ctl),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rollbox_worker_slots",
+			Help: "Episodes the worker runs at once at most (--slots)."}, func() float64 { return float64(w.o.Slots) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rollbox_worker_running",
+			Help: "Episodes the worker runs now."}, count(func() int { return len(w.running) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rollbox_worker_rollout_clients",
+			Help: "Rollouts whose policy client the worker holds (freed once none of their episodes has run here for the rollout idle time)."},
+			count(func() int { return len(w.rollouts) })))
 }
 
 // pingAnswer is a worker's answer to a ping on its PingSubject.
@@ -622,7 +650,15 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 			}
 		}
 	}()
-	done := w.run(actx, a)
+	done, reason := w.run(actx, a)
+	switch {
+	case done.InfraFailure:
+		w.infraTotal.Inc()
+	case reason != "":
+		w.episodesTotal.WithLabelValues(reason).Inc()
+	default:
+		w.episodesTotal.WithLabelValues(trajectory.EndSandboxError).Inc()
+	}
 	body, _ := json.Marshal(done)
 	var extra []string
 	if doc := w.finalDocument(item.EpisodeID); doc != nil {
@@ -663,23 +699,24 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 }
 
-// run runs the episode of a claimed item; it returns the attempt's Done.
-func (w *worker) run(ctx context.Context, a *attempt) cluster.Done {
+// run runs the episode of a claimed item; it returns the attempt's Done
+// and, when the episode ended here, its termination reason.
+func (w *worker) run(ctx context.Context, a *attempt) (cluster.Done, string) {
 	item := a.item
 	task := &agent.Task{}
 	if err := json.Unmarshal(item.Task, task); err != nil {
-		return cluster.Done{Error: fmt.Sprintf("the work item's task: %v", err)}
+		return cluster.Done{Error: fmt.Sprintf("the work item's task: %v", err)}, ""
 	}
 	task.SetDir(item.TaskDir)
 	rc, err := w.rollout(item)
 	defer w.releaseRollout(item.RolloutID, rc)
 	if err != nil {
-		return cluster.Done{Error: err.Error()}
+		return cluster.Done{Error: err.Error()}, ""
 	}
 	pl := newPlan(task, item.Backend, w.sandboxes.warm)
 	cfg := pl.config(item.RolloutID, item.GroupIndex, w.o.DataDir)
 	if cfg.EpisodeID != item.EpisodeID {
-		return cluster.Done{Error: fmt.Sprintf("the work item's episode id %q is not %q", item.EpisodeID, cfg.EpisodeID)}
+		return cluster.Done{Error: fmt.Sprintf("the work item's episode id %q is not %q", item.EpisodeID, cfg.EpisodeID)}, ""
 	}
 	cfg.NewSandbox = w.sandboxes.create
 	// A record a dead predecessor in this --data left of the episode is
@@ -699,24 +736,29 @@ func (w *worker) run(ctx context.Context, a *attempt) cluster.Done {
 	switch {
 	case w.o.ConfigureEpisode != nil:
 		if err := w.o.ConfigureEpisode(&cfg, item.Index); err != nil {
-			return cluster.Done{InfraFailure: true, Error: fmt.Sprintf("worker %s: %v", w.o.ID, err)}
+			return cluster.Done{InfraFailure: true, Error: fmt.Sprintf("worker %s: %v", w.o.ID, err)}, ""
 		}
 	case task.Retriever != nil:
-		return cluster.Done{InfraFailure: true, Error: fmt.Sprintf("worker %s opens no search index (task %q names retriever.index %s)", w.o.ID, task.ID, task.IndexPath())}
+		return cluster.Done{InfraFailure: true, Error: fmt.Sprintf("worker %s opens no search index (task %q names retriever.index %s)", w.o.ID, task.ID, task.IndexPath())}, ""
 	}
 	w.backends.get(ctx, pl.backend)
 	s, err := agent.Open(ctx, cfg)
 	var oe *agent.OpenError
 	switch {
 	case errors.As(err, &oe):
-		return cluster.Done{InfraFailure: oe.Infra(), Error: oe.Error()}
+		return cluster.Done{InfraFailure: oe.Infra(), Error: oe.Error()}, ""
 	case err != nil:
-		return cluster.Done{Error: err.Error()}
+		return cluster.Done{Error: err.Error()}, ""
 	}
-	if _, err := s.Drive(ctx, cfg.Policy); err != nil {
-		return cluster.Done{Error: err.Error()}
+	t, err := s.Drive(ctx, cfg.Policy)
+	reason := ""
+	if t != nil && t.Termination != nil {
+		reason = t.Termination.Reason
 	}
-	return cluster.Done{}
+	if err != nil {
+		return cluster.Done{Error: err.Error()}, reason
+	}
+	return cluster.Done{}, reason
 }
 
 // rollout is the item's rollout's client (one per rollout: its policy

@@ -7,9 +7,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
 	"github.com/rollbox/rollbox/internal/cluster"
@@ -46,6 +52,7 @@ lines on stderr. See docs/scale-out.md.`,
 	heartbeat := fs.Duration("heartbeat", cluster.DefaultHeartbeat, "heartbeat interval (the coordinator's --heartbeat)")
 	warm := fs.Int("warm", 0, "most warm sandboxes kept per spec")
 	forkSpares := addForkSparesFlag(fs)
+	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://`HOST:PORT`/metrics: slots, running, episodes by termination, infra failures, rollout clients, NATS reconnects, and the sandboxes', tools' and policy calls' series (default: none)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx := cmd.Context()
@@ -95,6 +102,20 @@ lines on stderr. See docs/scale-out.md.`,
 		backends := newBackendSet(logLines{log}, cfg)
 		backends.opts.forkSpares = *forkSpares
 		defer backends.Close()
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		if *metricsAddr != "" {
+			ln, err := net.Listen("tcp", *metricsAddr)
+			if err != nil {
+				return fmt.Errorf("--metrics-addr: %w", err)
+			}
+			mux := http.NewServeMux()
+			mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+			hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 30 * time.Second}
+			go hs.Serve(ln)
+			defer hs.Close()
+			log.Info(fmt.Sprintf("worker metrics on http://%s/metrics", ln.Addr()))
+		}
 		abs, _ := filepath.Abs(dir)
 		log.Info(fmt.Sprintf("worker on %s", *url), "data", abs, "owner", cfg.owner)
 		if env.stopNotice != nil {
@@ -105,7 +126,7 @@ lines on stderr. See docs/scale-out.md.`,
 		indexes := &searchIndexes{open: map[string]*retriever.Index{}}
 		defer indexes.Close()
 		err := runtime.RunWorker(ctx, runtime.WorkerOptions{URL: *url, ID: *id, Host: host, Backend: *backendName, Slots: *slots,
-			PolicyConcurrency: *policyConc, DataDir: dir, Heartbeat: *heartbeat, PolicyAPIKey: cfg.openAIKey, WarmPool: *warm, Logger: log,
+			PolicyConcurrency: *policyConc, DataDir: dir, Heartbeat: *heartbeat, PolicyAPIKey: cfg.openAIKey, WarmPool: *warm, Logger: log, Registry: reg,
 			Backends:         runtime.BackendFunc(backends.get),
 			ConfigureEpisode: indexes.configureWorker,
 			// Only once no live worker has its --id: the gc would remove
