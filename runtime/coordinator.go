@@ -994,8 +994,9 @@ func (s *Server) clusterTasks(tasks []*agent.Task) ([]clusterTask, error) {
 }
 
 // clusterRefuses refuses, on a coordinator, what its workers cannot run
-// yet: orchestrator tasks (their sub-agents share the scheduler's slots)
-// and prefix groups (one prefix run per group, on one host).
+// yet: orchestrator tasks (the tree runs on one host: its sub-agents share
+// the scheduler's slots) and prefix groups (the group forks from one
+// sandbox: it runs on one host); work items are single episodes.
 func (s *Server) clusterRefuses(req *RolloutRequest, tasks []*agent.Task) error {
 	if s.coord == nil {
 		if req.RetryInterrupted {
@@ -1007,9 +1008,13 @@ func (s *Server) clusterRefuses(req *RolloutRequest, tasks []*agent.Task) error 
 		field := fmt.Sprintf("tasks[%d]", i)
 		switch {
 		case t.Orchestrator != nil:
-			return badField(field+".orchestrator", "orchestrator tasks do not run on cluster workers yet (rollbox serve --cluster)")
+			return badField(field+".orchestrator", "orchestrator tasks do not run on a cluster coordinator (rollbox serve --cluster) yet: "+
+				"the tree (the orchestrator and its sub-agents, which share one host's slots, and their records) runs on one host, "+
+				"and work items are single episodes any worker takes; submit it to a single-host rollbox serve (docs/scale-out.md)")
 		case t.Prefix != nil:
-			return badField(field+".prefix", "tasks with a prefix do not run on cluster workers yet (rollbox serve --cluster)")
+			return badField(field+".prefix", "tasks with a prefix do not run on a cluster coordinator (rollbox serve --cluster) yet: "+
+				"a group's episodes fork from the one sandbox that ran the prefix, so the whole group must run on one worker, "+
+				"and work items are single episodes any worker takes; submit it to a single-host rollbox serve (docs/scale-out.md)")
 		}
 	}
 	return nil
