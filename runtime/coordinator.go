@@ -83,6 +83,10 @@ type clusterRollout struct {
 	RetryInterrupted bool           `json:"retry_interrupted,omitempty"`
 	TrainStep        int64          `json:"train_step,omitempty"`
 	MaxStaleness     *int           `json:"max_staleness,omitempty"`
+	// Versions are the policy versions announced to the rollout, oldest
+	// first (kept at each announcement: a restarted coordinator goes on
+	// with them).
+	Versions []string `json:"versions,omitempty"`
 	// Tasks are, by task index, what a work item needs beyond the task's
 	// JSON (absent when no task needs any).
 	Tasks []clusterTask `json:"tasks,omitempty"`
@@ -401,7 +405,14 @@ func (r *rollout) versionList() []string {
 // the rollout's episodes; a worker that does not answer in time still
 // cancels its stale episodes (they end cancelled), uncounted here.
 func (c *coordinator) announce(r *rollout) int {
-	body, _ := json.Marshal(cluster.Versions{RolloutID: r.id, Versions: r.versionList()})
+	vs := r.versionList()
+	r.mu.Lock()
+	if r.rec.Cluster != nil {
+		r.rec.Cluster.Versions = vs
+	}
+	r.mu.Unlock()
+	c.s.saveRollout(r)
+	body, _ := json.Marshal(cluster.Versions{RolloutID: r.id, Versions: vs})
 	expected := map[string]bool{}
 	c.mu.Lock()
 	for _, d := range c.eps {
@@ -1078,6 +1089,7 @@ func (c *coordinator) resumeRollout(rr *rolloutRecord) error {
 	if cl.MaxStaleness != nil {
 		r.maxStaleness = *cl.MaxStaleness
 	}
+	r.versions = slices.Clone(cl.Versions)
 	for i, ct := range cl.Tasks {
 		if i < len(r.tasks) {
 			r.tasks[i].SetDir(ct.Dir)

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"syscall"
@@ -503,6 +504,9 @@ func (s *Server) parseRollout(ctx context.Context, body []byte) (*rollout, []*jo
 	if v := s.initialVersion(req.PolicyVersion, tenantFrom(ctx)); v != "" {
 		r.versions = []string{v}
 	}
+	if rec.Cluster != nil {
+		rec.Cluster.Versions = slices.Clone(r.versions)
+	}
 	if req.MaxStaleness != nil {
 		r.maxStaleness = *req.MaxStaleness
 	}
@@ -779,6 +783,10 @@ func (s *Server) saveRollout(r *rollout) {
 	defer r.saveMu.Unlock()
 	r.mu.Lock()
 	cp := *r.rec
+	if cp.Cluster != nil {
+		cc := *cp.Cluster // its versions change under r.mu
+		cp.Cluster = &cc
+	}
 	r.mu.Unlock()
 	if err := s.st.putRollout(&cp); err != nil {
 		s.log.Error("store", "rollout", r.id, "err", err)

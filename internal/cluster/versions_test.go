@@ -117,3 +117,56 @@ func maxStr(p *int) string {
 	}
 	return fmt.Sprint(*p)
 }
+
+// TestACoordinatorKilledKeepsItsRolloutsPolicyVersions: the coordinator is
+// SIGKILLed while a rollout under policy version v1 with max_staleness 0
+// runs; started again, it goes on with the versions announced (status
+// v1), and announcing v2 ends every running episode as stale, as it would
+// have without the restart.
+func TestACoordinatorKilledKeepsItsRolloutsPolicyVersions(t *testing.T) {
+	var seconds atomic.Int64 // episodes whose first turn is recorded
+	pol := mustPolicy(fakepolicy.Config{Latency: 200 * time.Millisecond, Responder: fakepolicy.BashThenFinish(50),
+		Fault: func(_ int64, req *fakepolicy.Request) fakepolicy.Fault {
+			if req.AssistantTurns() == 1 {
+				seconds.Add(1)
+			}
+			return fakepolicy.Fault{}
+		}})
+	defer pol.Close()
+	task := map[string]any{"id": "a", "prompt": "Task a.", "sandbox": map[string]any{"backend": "wasm"}, "tools": []string{"bash", "finish"},
+		"limits": map[string]any{"max_turns": 60}, "reward": map[string]any{"type": "exact", "answer": "done"}}
+	ns := startNATS(t, "", 0)
+	data, port := t.TempDir(), freePort(t)
+	coord := startServe(t, ns.url, data, port)
+	startWorker(t, ns.url, "w1", "wasm", 2)
+	coord.waitWorkers(1)
+	id := coord.submit(rolloutRequest(pol.URL(), []map[string]any{task}, 2, map[string]any{"policy_version": "v1", "max_staleness": 0}))
+	deadline := time.Now().Add(time.Minute)
+	for seconds.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 2 episodes had a first turn", seconds.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	coord.cmd.Process.Kill()
+	coord.cmd.Wait()
+	coord = startServe(t, ns.url, data, port)
+
+	var st runtime.RolloutStatus
+	coord.do("GET", "/v1/rollouts/"+id, nil, &st)
+	if st.PolicyVersion != "v1" || st.State != "running" {
+		t.Fatalf("after the restart: state %s, policy_version %q, want running under v1", st.State, st.PolicyVersion)
+	}
+	var res runtime.PolicyVersionResult
+	if code := coord.do("POST", "/v1/rollouts/"+id+"/policy-version", map[string]any{"version": "v2"}, &res); code != 200 || res.Rollouts[0].Cancelled != 2 {
+		t.Errorf("announcing v2 after the restart: %d %+v, want both episodes cancelled", code, res)
+	}
+	for _, e := range coord.episodes(id, time.Minute) {
+		if e.Termination.Reason != trajectory.EndCancelled || !strings.Contains(e.Termination.Message, `policy version stale: the episode's first turn was sampled under "v1"`) {
+			t.Errorf("episode %s: %+v, want cancelled as stale", e.EpisodeID, e.Termination)
+		}
+		if vs := modelVersions(e); len(vs) == 0 || slices.ContainsFunc(vs, func(v string) bool { return v != "v1" }) {
+			t.Errorf("episode %s turns under %v, want v1 only", e.EpisodeID, vs)
+		}
+	}
+}
