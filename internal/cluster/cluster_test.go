@@ -439,6 +439,7 @@ func rolloutRequest(policyURL string, tasks []map[string]any, group int, extra m
 // statistics of the same rollout run on one host; GET /v1/workers lists
 // the workers.
 func TestRolloutOverWorkersMatchesOneHost(t *testing.T) {
+	t.Parallel() // its own NATS server, data directories and worker processes: it mostly waits on them
 	pol := scripted(0)
 	defer pol.Close()
 	tasks, group := exactTasks(6), 4
@@ -760,6 +761,7 @@ func (c *coordinator) waitDone(id string, n int) {
 // episode ends exactly once (one record, one index entry, one line of the
 // stream), with the outcomes and group statistics of a single host.
 func TestTheCoordinatorKilledAndNATSRestartedLoseNothing(t *testing.T) {
+	t.Parallel() // its own NATS server, data directories and worker processes: it mostly waits on them
 	pol := scripted(150 * time.Millisecond)
 	defer pol.Close()
 	tasks, group := exactTasks(8), 4
@@ -939,6 +941,7 @@ func ownerContainers(t *testing.T, owner string) []string {
 // SIGKILLed mid-episode leaves its container; started again with the same
 // --id, it removes it (its lease is dead) before it takes work.
 func TestARestartedWorkerRemovesWhatItsKilledPredecessorLeft(t *testing.T) {
+	t.Parallel() // its own NATS server, data directories and worker processes: it mostly waits on them
 	needDocker(t)
 	sum := sha256.Sum256([]byte("dgc"))
 	owner := "rollbox-worker-" + hex.EncodeToString(sum[:6])

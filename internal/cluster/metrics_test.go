@@ -50,6 +50,7 @@ func scrape(t *testing.T, url string) (string, map[string]float64) {
 // infrastructure failures, the rollouts' clients it holds and its NATS
 // reconnections (after NATS restarts).
 func TestAWorkerServesItsMetrics(t *testing.T) {
+	t.Parallel() // its own NATS server, data directories and worker processes: it mostly waits on them
 	tasks, ix := searchSetup(t)
 	in := ix.Info()
 	pol := scripted(0)
