@@ -125,6 +125,7 @@ func maxStr(p *int) string {
 // have without the restart.
 func TestACoordinatorKilledKeepsItsRolloutsPolicyVersions(t *testing.T) {
 	t.Parallel() // its own NATS server, data directories and worker processes: it mostly waits on them
+
 	var seconds atomic.Int64 // episodes whose first turn is recorded
 	pol := mustPolicy(fakepolicy.Config{Latency: 200 * time.Millisecond, Responder: fakepolicy.BashThenFinish(50),
 		Fault: func(_ int64, req *fakepolicy.Request) fakepolicy.Fault {
