@@ -253,11 +253,7 @@ func WriteFile(path string, t *Trajectory) error {
 	if err := writeTemp(path, t, true); err != nil {
 		return err
 	}
-	if err := os.Rename(path+tmpSuffix, path); err != nil {
-		os.Remove(path + tmpSuffix)
-		return err
-	}
-	return syncDir(filepath.Dir(path))
+	return commitTemp(path)
 }
 
 // WriteDocument writes a final document WriteFile wrote elsewhere (doc,
@@ -268,6 +264,12 @@ func WriteDocument(path string, doc []byte) error {
 	if err := writeTempBytes(path, doc, true); err != nil {
 		return err
 	}
+	return commitTemp(path)
+}
+
+// commitTemp renames path's fsynced temp file into place and fsyncs the
+// directory; a failed rename removes the temp file.
+func commitTemp(path string) error {
 	if err := os.Rename(path+tmpSuffix, path); err != nil {
 		os.Remove(path + tmpSuffix)
 		return err

@@ -17,6 +17,17 @@ import (
 // an infrastructure failure, not the agent's: the Exec error is IsInfra, not
 // IsAbuse. Before, the stopped task read as the command's doing
 // (sandbox_abuse, scored 0).
+// loadTask is container id and its task, as a process outside the backend
+// finds them.
+func loadTask(ctx context.Context, cli *client.Client, id string) (client.Container, client.Task, error) {
+	ctr, err := cli.LoadContainer(ctx, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	task, err := ctr.Task(ctx, nil)
+	return ctr, task, err
+}
+
 func TestASandboxRemovedFromOutsideIsInfra(t *testing.T) {
 	b := need(t)
 	outside := []struct {
@@ -24,11 +35,7 @@ func TestASandboxRemovedFromOutsideIsInfra(t *testing.T) {
 		do   func(ctx context.Context, cli *client.Client, id string) error
 	}{
 		{"gc: kill, delete the task and the container", func(ctx context.Context, cli *client.Client, id string) error {
-			ctr, err := cli.LoadContainer(ctx, id)
-			if err != nil {
-				return err
-			}
-			task, err := ctr.Task(ctx, nil)
+			ctr, task, err := loadTask(ctx, cli, id)
 			if err != nil {
 				return err
 			}
@@ -46,11 +53,7 @@ func TestASandboxRemovedFromOutsideIsInfra(t *testing.T) {
 			return ctr.Delete(ctx, client.WithSnapshotCleanup)
 		}},
 		{"ctr task kill -s KILL", func(ctx context.Context, cli *client.Client, id string) error {
-			ctr, err := cli.LoadContainer(ctx, id)
-			if err != nil {
-				return err
-			}
-			task, err := ctr.Task(ctx, nil)
+			_, task, err := loadTask(ctx, cli, id)
 			if err != nil {
 				return err
 			}

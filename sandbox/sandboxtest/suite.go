@@ -628,17 +628,23 @@ func (s *suite) invalidSpec(t *testing.T) {
 	}
 }
 
-func (s *suite) fork(t *testing.T) {
+// forkable is a new sandbox of the suite's, its Forker and its workdir.
+func (s *suite) forkable(t *testing.T) (sandbox.Sandbox, sandbox.Forker, string) {
 	sb := s.new(t)
 	f, ok := sandbox.Find[sandbox.Forker](sb)
 	if !ok {
 		t.Fatalf("the %s backend's sandboxes do not implement sandbox.Forker", sb.Info().Backend)
 	}
-	ctx := ctxT(t, 2*time.Minute)
 	wd := sb.Info().Workdir
 	if wd == "" {
 		wd = "/work"
 	}
+	return sb, f, wd
+}
+
+func (s *suite) fork(t *testing.T) {
+	sb, f, wd := s.forkable(t)
+	ctx := ctxT(t, 2*time.Minute)
 	for p, data := range map[string]string{wd + "/src/a.txt": "v1", "/tmp/t": "tmp"} {
 		if err := sb.WriteFile(ctx, p, []byte(data), 0o640); err != nil {
 			t.Fatal(err)
@@ -716,16 +722,8 @@ func (s *suite) fork(t *testing.T) {
 // no new privileges), and what a child changes through a hard link or a
 // file it makes readable must not reach the parent or its sibling.
 func (s *suite) forkHostile(t *testing.T) {
-	sb := s.new(t)
-	f, ok := sandbox.Find[sandbox.Forker](sb)
-	if !ok {
-		t.Fatalf("the %s backend's sandboxes do not implement sandbox.Forker", sb.Info().Backend)
-	}
+	sb, f, wd := s.forkable(t)
 	ctx := ctxT(t, 3*time.Minute)
-	wd := sb.Info().Workdir
-	if wd == "" {
-		wd = "/work"
-	}
 	procs := s.opts.NoProcesses == ""
 	setup := "cd " + wd + " && echo secret > locked && chmod 000 locked && mkdir -p shut/in && echo inside > shut/in/f && chmod 000 shut" +
 		" && echo a > orig && mkdir ro && echo r > ro/f && chmod 555 ro && printf 'nl' > \"$(printf 'new\\nline')\" && echo d > ./-dash" +
