@@ -80,17 +80,19 @@ covers them all. The policy may be given anew (another server).`,
 		if *policySpec == "" {
 			return usagef("--policy is required: scripted:FILE.jsonl | openai:BASE_URL[#model=NAME[&mode=tokens]] | replay:DIR")
 		}
-		var resumed *outDir
+		// claim is the run's output directory: a resumed run's (marker set)
+		// now, a new run's once its flags are checked.
+		var claim *outDir
 		var marker *runMarker
 		if *resume != "" {
 			if *out != "" {
 				return usagef("--resume %s and --out %s contradict each other: a resumed run writes to its own directory", *resume, *out)
 			}
 			var err error
-			if resumed, marker, err = resumeOutDir(*resume); err != nil {
+			if claim, marker, err = resumeOutDir(*resume); err != nil {
 				return err
 			}
-			defer resumed.unlock()
+			defer claim.unlock()
 			for name, recorded := range map[string]string{"group": strconv.Itoa(marker.Group), "backend": marker.Backend} {
 				if f := cmd.Flags().Lookup(name); f.Changed && f.Value.String() != recorded {
 					return usagef("--%s %s: the run in %s has --%s %s; a resumed run keeps it", name, f.Value, *resume, name, recorded)
@@ -156,10 +158,9 @@ covers them all. The policy may be given anew (another server).`,
 		}
 		total := len(tasks) * *group
 		var rolloutID string
-		var claim *outDir
 		var before *runtime.BatchRecord
-		if resumed != nil {
-			rolloutID, claim = marker.RolloutID, resumed
+		if marker != nil {
+			rolloutID = marker.RolloutID
 			if marker.TasksHash != "" && marker.TasksHash != tasksHash(tasks) {
 				return usagef("--tasks %s: not the tasks the run in %s began with (%s): resume with that file, unchanged", *tasksFile, *out, marker.Tasks)
 			}
