@@ -65,10 +65,10 @@ func (f *firstUse) tick() {
 	defer f.mu.Unlock()
 	el := f.now().Sub(f.start).Round(time.Second)
 	if f.tty {
-		fmt.Fprintf(f.w, "\r\x1b[Krollbox: %s (first use; cached afterwards) %v", f.what, el)
+		fmt.Fprintf(f.w, "\r\x1b[Krollbox: %s %v", f.what, el)
 		f.drawn = true
 	} else {
-		fmt.Fprintf(f.w, "rollbox: %s (first use; cached afterwards): %v so far\n", f.what, el)
+		fmt.Fprintf(f.w, "rollbox: %s %v so far\n", f.what, el)
 	}
 	f.shown = true
 }

@@ -87,6 +87,7 @@ type Backend struct {
 	closed      bool
 	busy        map[*helper.Process]bool
 	deaths      int64
+	compiles    atomic.Int64 // compile subprocesses run
 	reaper      *time.Timer
 	// memoryBase is the helpers' memory beyond an exec's (tests lower it).
 	memoryBase int64

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rollbox/rollbox/images"
 	"github.com/rollbox/rollbox/sandbox"
 )
 
@@ -296,4 +297,58 @@ func TestQueuedExecsLeaveNoWaitersBehind(t *testing.T) {
 	if n != 0 || c != 0 {
 		t.Fatalf("after the burst the waiters queue has length %d and keeps room for %d", n, c)
 	}
+}
+
+// A program compiled into the on-disk cache is not compiled again by a
+// later backend (another run: the compile subprocess cost 0.5-1.1 s a
+// guest every run before), and is compiled again when what the cache holds
+// is gone or the program changed, so a run never starts helpers on a cache
+// that lacks it.
+func TestACompiledProgramIsNotCompiledAgainByALaterRun(t *testing.T) {
+	mod := buildC(t, `#include <stdio.h>
+int main(void) { printf("hello\n"); return 0; }
+`)
+	dir := t.TempDir()
+	prog := filepath.Join(dir, "hello.wasm")
+	if err := os.WriteFile(prog, mod, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cache := t.TempDir()
+	builder := images.NewBuilder(nil) // the helper from the usual cache
+	ctx := context.Background()
+	run := func(what string, wantCompiles int64) {
+		t.Helper()
+		b := newBackend(t, Options{CacheDir: cache, Builder: builder, Programs: map[string]string{"hello": prog}})
+		if err := b.Warm(ctx, "hello"); err != nil {
+			t.Fatalf("%s: warm: %v", what, err)
+		}
+		if got := b.compiles.Load(); got != wantCompiles {
+			t.Errorf("%s: %d compile(s), want %d", what, got, wantCompiles)
+		}
+		sb, err := b.Create(ctx, sandbox.Spec{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sb.Close()
+		res := execT(t, sb, sandbox.ExecRequest{Argv: []string{"hello"}})
+		if res.ExitCode != 0 || string(res.Stdout) != "hello\n" {
+			t.Errorf("%s: hello: exit %d stdout %q stderr %q", what, res.ExitCode, res.Stdout, res.Stderr)
+		}
+	}
+	run("first run", 1)
+	run("second run", 0)
+	if err := os.RemoveAll(filepath.Join(cache, "wazero")); err != nil {
+		t.Fatal(err)
+	}
+	run("after the compilation cache was removed", 1)
+	run("after it was filled again", 0)
+	// The program's file written again (a new build at the same path).
+	later := time.Now().Add(2 * time.Second)
+	if err := os.WriteFile(prog, mod, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(prog, later, later); err != nil {
+		t.Fatal(err)
+	}
+	run("after the program was written again", 1)
 }
