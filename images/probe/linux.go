@@ -1141,7 +1141,9 @@ func procs(opts) finding {
 
 // breakGuest tries to break the sandbox's guest agent the way a command
 // can under some runtimes (gVisor lets a command signal PID 1 and write to
-// its stream), then waits a second for the guest's fate to show. The host
+// its stream and its log) or any (a command runs as the guest's user, who
+// may change the guest's resource limits), then waits a second for the
+// guest's fate to show. The host
 // judges: the sandbox must go on answering, or fail as the agent's doing.
 func breakGuest(o opts) finding {
 	var err error
@@ -1160,8 +1162,29 @@ func breakGuest(o opts) finding {
 			_, err = f.Write(junk)
 			f.Close()
 		}
+	case "limits":
+		// PID 1's limits lowered by a process of the same user (prlimit
+		// asks for no more): with 3 descriptors the guest cannot make the
+		// next command's pipes.
+		err = unix.Prlimit(1, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: 3, Max: 3}, nil)
+	case "cpu":
+		// A CPU time limit PID 1 has already spent: the kernel sends it
+		// SIGKILL at its next tick, the exit an outside kill leaves.
+		err = unix.Prlimit(1, unix.RLIMIT_CPU, &unix.Rlimit{Cur: 0, Max: 0}, nil)
+	case "panic":
+		// A Go panic's first line written into PID 1's stderr (the guest
+		// log the host reads) where it is reachable, then PID 1 killed:
+		// a broken guest that says it panicked.
+		var f *os.File
+		if f, err = os.OpenFile("/proc/1/fd/2", os.O_WRONLY, 0); err == nil {
+			_, err = f.WriteString("panic: runtime error: invalid memory address or nil pointer dereference\n")
+			f.Close()
+		}
+		if kerr := syscall.Kill(1, syscall.SIGKILL); err == nil {
+			err = kerr
+		}
 	default:
-		return finding{Evidence: fmt.Sprintf("-how %q is not kill, stop or garble", o.how)}
+		return finding{Evidence: fmt.Sprintf("-how %q is not kill, stop, garble, limits, cpu or panic", o.how)}
 	}
 	time.Sleep(time.Second)
 	return finding{Pass: true, Evidence: fmt.Sprintf("%s: %s (the guest was not affected: this line reached the host)", o.how, errOrNone(err))}

@@ -71,7 +71,7 @@ func main() {
 	fs.Int64Var(&o.bytes, "bytes", 1<<30, "flood: bytes to write to stdout")
 	fs.StringVar(&o.gateways, "gateways", "", "net-gateway: extra host:port addresses to try")
 	fs.BoolVar(&o.forge, "forge", false, "guest: write forged replies when the guest's stream is reachable")
-	fs.StringVar(&o.how, "how", "", "break-guest: kill (SIGKILL to PID 1), stop (SIGSTOP to PID 1) or garble (junk into /proc/1/fd/1)")
+	fs.StringVar(&o.how, "how", "", "break-guest: kill (SIGKILL to PID 1), stop (SIGSTOP to PID 1), garble (junk into /proc/1/fd/1), limits (PID 1's RLIMIT_NOFILE to 3), cpu (PID 1's RLIMIT_CPU to 0) or panic (a panic line into /proc/1/fd/2, then SIGKILL to PID 1)")
 	if err := fs.Parse(os.Args[2:]); err != nil {
 		os.Exit(2)
 	}

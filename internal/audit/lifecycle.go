@@ -92,7 +92,9 @@ func refusal(err error) string {
 
 // abuse breaks the guest agent of a sandbox of its own (per attack, from
 // the audited spec) the ways a command may be able to: SIGKILL and SIGSTOP
-// to PID 1, junk written into its stream. Each sandbox must either go on
+// to PID 1, junk written into its stream, its resource limits lowered (no
+// descriptors; a CPU time limit, whose SIGKILL looks like a kill from
+// outside), a forged panic line in its log before a kill. Each sandbox must either go on
 // answering (the runtime protected the guest) or fail with
 // sandbox.ErrSandboxAbuse and not as infrastructure: an agent that breaks
 // its sandbox is scored 0, it does not get an unscored episode. A frozen
@@ -101,7 +103,7 @@ func (r *runner) abuse(ctx context.Context) Probe {
 	if r.wasm || r.backend == nil {
 		return Probe{Status: StatusNA, Evidence: "no guest agent for a command to kill, freeze or garble (a WASM episode's commands run in the host's interpreter and as modules)"}
 	}
-	hows := []string{"kill", "stop", "garble"}
+	hows := []string{"kill", "stop", "garble", "limits", "cpu", "panic"}
 	ev := make([]string, len(hows))
 	ok := make([]bool, len(hows))
 	var wg sync.WaitGroup

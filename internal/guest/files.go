@@ -34,7 +34,13 @@ func invalid(msg string) *guestproto.Error {
 	return &guestproto.Error{Code: guestproto.CodeInvalid, Message: msg}
 }
 
-// errnoError maps a syscall failure on p to a protocol error.
+// errnoError maps a syscall failure on p to a protocol error. What the
+// kernel answers about the file is the request's outcome, whatever the
+// errno (sysfs answers EINVAL for a link speed, EIO, ENXIO, EOPNOTSUPP...):
+// only the guest running out of descriptors of its own is the guest's
+// failure (CodeInternal, which the host takes for a broken sandbox, not
+// the agent's: a code a file of the agent's choice could produce would let
+// it end its episode unscored).
 func errnoError(p string, err error) *guestproto.Error {
 	switch {
 	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENOTDIR):
@@ -45,10 +51,10 @@ func errnoError(p string, err error) *guestproto.Error {
 		return pathError(guestproto.CodeDenied, "%s: %v", p, err)
 	case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
 		return pathError(guestproto.CodeTooLarge, "%s: no space left in the sandbox", p)
-	case errors.Is(err, unix.EISDIR), errors.Is(err, unix.ENAMETOOLONG):
-		return pathError(guestproto.CodeInvalid, "%s: %v", p, err)
+	case errors.Is(err, unix.EMFILE), errors.Is(err, unix.ENFILE):
+		return pathError(guestproto.CodeInternal, "%s: %v", p, err)
 	}
-	return pathError(guestproto.CodeInternal, "%s: %v", p, err)
+	return pathError(guestproto.CodeInvalid, "%s: %v", p, err)
 }
 
 // rootFor returns the writable root p lies under (the longest), or "/" and

@@ -332,8 +332,9 @@ const rlimitNproc = 6 // RLIMIT_NPROC
 // PrepareInit readies the process to be a container's PID 1 before it
 // serves: it makes the Go runtime start every OS thread it will need now
 // (see reserveThreads), drops every signal a command could send to kill
-// it, and makes itself non-dumpable so commands cannot reach it through
-// /proc or ptrace.
+// it, makes itself non-dumpable so commands cannot reach it through
+// /proc or ptrace, and installs a seccomp filter so they cannot change its
+// resource limits (seccomp.go).
 //
 // # Notes
 //
@@ -377,6 +378,11 @@ func PrepareInit() {
 	// must happen while the entry is still ours, before it turns root's.
 	processTable()
 	syscall.RawSyscall6(syscall.SYS_PRCTL, prSetDumpable, 0, 0, 0, 0, 0)
+	// Nor may commands lower its resource limits (seccomp.go). Without a
+	// filter the guest still serves; its log says why.
+	if err := denyPrlimitOfOthers(); err != nil {
+		fmt.Fprintf(os.Stderr, "guest: commands may change the guest's resource limits: %v\n", err)
+	}
 }
 
 const prSetDumpable = 4 // PR_SET_DUMPABLE

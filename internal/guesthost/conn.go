@@ -57,7 +57,15 @@ type Diagnosis struct {
 	// engine was asked to kill (signal 9) the container", "the container
 	// is paused"): an infrastructure failure whatever ran in it.
 	Infra string
+	// Exited says the guest (the sandbox's init) has ended, with
+	// ExitStatus (128 + the signal's number for one killed by a signal).
+	Exited     bool
+	ExitStatus int
 }
+
+// panicExit is the status a Go program ends with on a panic or a fatal
+// error of its runtime.
+const panicExit = 2
 
 // Config describes one guest connection.
 type Config struct {
@@ -227,7 +235,8 @@ func (c *Conn) fail(cause error, duringCommand bool) error {
 // does not answer, the container was removed, or the engine was asked to
 // kill, stop or pause it (Engine.Diagnose). So is a guest that broke while
 // no command ran (nothing of the agent's exists then: the guest kills every
-// process between commands), or that panicked (a bug of its own).
+// process between commands), or that panicked (a bug of its own: it ended
+// with a Go panic's status and its log says so).
 // Otherwise the commands running in the sandbox killed or froze the guest
 // (gVisor lets a command signal PID 1), garbled its stream (gVisor lets it
 // write to /proc/1/fd/1) or starved it: ErrSandboxAbuse, the agent's doing,
@@ -250,7 +259,10 @@ func (c *Conn) judge(cause error, duringCommand bool) error {
 	if !duringCommand {
 		return fmt.Errorf("%s%s: %w", what, c.logTail(), sandbox.ErrSandboxFailed)
 	}
-	if strings.Contains(c.log.String(), "panic: ") {
+	// The log alone does not say the guest panicked: under gVisor a command
+	// can write into the guest's stderr (/proc/1/fd/2) and then kill it.
+	// A panic ends the guest with status 2, which no command can give it.
+	if d.Exited && d.ExitStatus == panicExit && strings.Contains(c.log.String(), "panic: ") {
 		return fmt.Errorf("%s: the guest panicked%s: %w", what, c.logTail(), sandbox.ErrSandboxFailed)
 	}
 	return fmt.Errorf("%s while a command ran in it%s: %w (%w)", what, c.logTail(), sandbox.ErrSandboxAbuse, sandbox.ErrSandboxFailed)

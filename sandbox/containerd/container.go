@@ -162,9 +162,10 @@ func (c *Container) cut(error) {
 //   - under runc, the task's init (the guest) ended by SIGKILL (exit status
 //     137) while its memory cgroup counts no OOM kill: killed from outside
 //     (`ctr task kill`), infrastructure. No process of the sandbox can
-//     send its PID namespace's init SIGKILL (the kernel drops it), so only
-//     the host or the OOM killer can; under runsc a command can (gVisor
-//     lets it), so there only a removal tells;
+//     send its PID namespace's init SIGKILL (the kernel drops it), nor set
+//     the RLIMIT_CPU whose SIGKILL the kernel would send (the guest's
+//     seccomp filter), so only the host or the OOM killer can; under runsc
+//     a command can (gVisor lets it), so there only a removal tells;
 //   - the task paused: infrastructure.
 //
 // Anything else (the guest ended otherwise, or OOM-killed, or a stopped task
@@ -245,6 +246,7 @@ func (c *Container) look(ctx context.Context) (look, bool) {
 	if st.Status == client.Stopped {
 		d.State += fmt.Sprintf(", exit status %d", st.ExitStatus)
 		d.exitStatus = st.ExitStatus
+		d.Exited, d.ExitStatus = true, int(st.ExitStatus)
 	}
 	if st.Status == client.Paused || st.Status == client.Pausing {
 		d.Infra = "the task is paused"

@@ -107,6 +107,8 @@ func (c *Container) Diagnose(ctx context.Context) guesthost.Diagnosis {
 		if in.State.OOMKilled {
 			d.State += ", OOM-killed"
 		}
+		d.Exited = in.State.Status == "exited" || in.State.Status == "dead"
+		d.ExitStatus = in.State.ExitCode
 	}
 	if action := c.engineAction(ctx); action != "" {
 		d.Infra = "the engine was asked to " + action + " the container"

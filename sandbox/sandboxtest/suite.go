@@ -87,6 +87,7 @@ func Run(t *testing.T, backend sandbox.Backend, opts Options) {
 		{"a fork carries the files, each copy changes alone, and nothing remains", s.fork},
 		{"a fork carries what hostile commands left and keeps the parent's hardening", s.forkHostile},
 		{"an invalid spec is refused before anything starts", s.invalidSpec},
+		{"commands cannot make their sandbox fail as the infrastructure's", s.noInfraFromInside},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -776,5 +777,75 @@ func (s *suite) forkHostile(t *testing.T) {
 	}
 	if got := s.sh(t, sb, "cd "+wd+" && cat orig"); string(got.Stdout) != "a\n" {
 		t.Errorf("the parent's hard-linked file after a child wrote its own: %q", got.Stdout)
+	}
+}
+
+// noInfraFromInside: what a sandbox's own commands and file requests do to
+// it is never an infrastructure failure. An unscored episode is dropped by
+// the trainer, so a policy learns to prefer a sandbox_error over a 0: every
+// way in must end with the sandbox still answering, or with an error that
+// is the commands' (sandbox.IsAbuse), never IsInfra. Each attack gets a
+// sandbox of its own:
+//   - a file request the kernel refuses with an errno of its own (sysfs's
+//     EINVAL for a link speed) is the request's error;
+//   - a command lowers the guest's (PID 1's) RLIMIT_NOFILE, so the next
+//     command's pipes cannot be made;
+//   - a command sets PID 1's RLIMIT_CPU below what it has spent, so the
+//     kernel SIGKILLs it as an outside kill would;
+//   - a command writes a Go panic's first line into PID 1's stderr (the
+//     guest log; gVisor lets it) and kills PID 1 (gVisor lets that too).
+func (s *suite) noInfraFromInside(t *testing.T) {
+	judge := func(t *testing.T, what string, err error) {
+		t.Helper()
+		if err != nil && (sandbox.IsInfra(err) || !sandbox.IsAbuse(err)) {
+			t.Errorf("%s: the sandbox failed as the infrastructure's (an unscored episode), not as its commands' doing: %v", what, err)
+		}
+	}
+	t.Run("a file the kernel refuses to read", func(t *testing.T) {
+		t.Parallel()
+		sb := s.new(t)
+		ctx := ctxT(t, time.Minute)
+		for _, p := range []string{"/sys/class/net/lo/speed", "/sys/class/net/lo/duplex"} {
+			_, err := sb.ReadFile(ctx, p, 0)
+			t.Logf("ReadFile(%s): %v", p, err)
+			if sandbox.IsInfra(err) || sandbox.IsAbuse(err) {
+				t.Errorf("ReadFile(%s): a file's own error is the request's, not a broken sandbox: %v", p, err)
+			}
+		}
+		if _, err := sb.ListFiles(ctx, "/sys/class/net/lo"); sandbox.IsInfra(err) || sandbox.IsAbuse(err) {
+			t.Errorf("ListFiles: %v", err)
+		}
+		s.sh(t, sb, "true")
+	})
+	if s.opts.NoProcesses != "" {
+		t.Logf("no PID 1 for a command to reach: %s", s.opts.NoProcesses)
+		return
+	}
+	host, inSandbox := probeProgram(t, s.backend.Name())
+	bin, err := os.ReadFile(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, how := range []string{"limits", "cpu", "panic"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			sb := s.new(t)
+			ctx := ctxT(t, 2*time.Minute)
+			if err := sb.WriteFile(ctx, inSandbox, bin, 0o755); err != nil {
+				t.Fatalf("copy the probe in: %v", err)
+			}
+			res, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{inSandbox, "break-guest", "-how", how}, Timeout: time.Minute})
+			t.Logf("break-guest -how %s: %q %v", how, strings.TrimSpace(string(res.Stdout)), err)
+			if err != nil {
+				judge(t, "during the command", err)
+				return
+			}
+			_, err = sb.Exec(ctx, sandbox.ExecRequest{Shell: "echo alive"})
+			judge(t, "at the next command", err)
+			if err == nil {
+				_, err = sb.ListFiles(ctx, s.opts.Spec.WithDefaults().Workdir)
+				judge(t, "at the next file request", err)
+			}
+		})
 	}
 }
