@@ -197,6 +197,8 @@ func benchServeFlags(n int) []string {
 //
 //	go test ./cmd/rollbox -run '^$' -bench CoordinatorOverhead -benchtime 1x
 //
+// ROLLBOX_BENCH_COORD_CPUPROFILE=FILE writes the coordinator's CPU profile.
+//
 // ROLLBOX_BENCH_EPISODES, _TURNS and _LATENCY change the rollout (2000, 4,
 // 50ms), _WORKER_SLOTS each worker's slots (250).
 func BenchmarkCoordinatorOverhead(b *testing.B) {
@@ -246,7 +248,11 @@ func BenchmarkCoordinatorOverhead(b *testing.B) {
 		dir = b.TempDir()
 		ns := startBenchNATS(b, dir)
 		url := ns.URL
-		coord, err := loadgen.StartService(ctx, exe, dir, append(benchServeFlags(episodes), "--cluster", url))
+		coordFlags := append(benchServeFlags(episodes), "--cluster", url)
+		if f := os.Getenv("ROLLBOX_BENCH_COORD_CPUPROFILE"); f != "" {
+			coordFlags = append(coordFlags, "--cpuprofile", f) // written when it stops
+		}
+		coord, err := loadgen.StartService(ctx, exe, dir, coordFlags)
 		if err != nil {
 			b.Fatal(err)
 		}
