@@ -158,6 +158,11 @@ stderr.`,
 				return usagef("--auth-tokens: %v", err)
 			}
 		}
+		for _, a := range []struct{ flag, addr string }{{"--addr", *addr}, {"--health-addr", *healthAddr}, {"--debug-addr", *debugAddr}} {
+			if err := checkAddr(a.flag, a.addr); err != nil {
+				return err
+			}
+		}
 		hosts, err := answeredHosts(*addr, *allowedHosts)
 		if err != nil {
 			return usagef("%v", err)
@@ -484,6 +489,23 @@ func answeredHosts(addr, flag string) ([]string, error) {
 		return runtime.LoopbackHosts(), nil
 	}
 	return nil, nil
+}
+
+// checkAddr refuses a listening address net.Listen would refuse for its
+// form (no port, a port out of range), before anything starts, as bad
+// input; "" (the flag not given) passes.
+func checkAddr(flag, addr string) error {
+	if addr == "" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err == nil {
+		_, err = net.LookupPort("tcp", port)
+	}
+	if err != nil {
+		return usagef("%s %q: %v (want HOST:PORT, a port 0-65535)", flag, addr, err)
+	}
+	return nil
 }
 
 // serveAuditLogMaxBytes is the size past which serve's audit log rotates.

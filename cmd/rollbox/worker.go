@@ -65,6 +65,9 @@ lines on stderr. See docs/scale-out.md.`,
 		if err := sandbox.CheckBackend(*backendName); err != nil {
 			return usagef("--backend %v", err)
 		}
+		if err := checkAddr("--metrics-addr", *metricsAddr); err != nil {
+			return err
+		}
 		if *slots < 1 {
 			return usagef("--slots %d: must be at least 1", *slots)
 		}
