@@ -61,6 +61,9 @@ type Diagnosis struct {
 	// ExitStatus (128 + the signal's number for one killed by a signal).
 	Exited     bool
 	ExitStatus int
+	// OOMKilled says the kernel's OOM killer ended the guest for the
+	// sandbox's memory.
+	OOMKilled bool
 }
 
 // panicExit is the status a Go program ends with on a panic or a fatal
@@ -255,6 +258,14 @@ func (c *Conn) judge(cause error, duringCommand bool) error {
 	what += c.tampered()
 	if d.Infra != "" {
 		return fmt.Errorf("%s: %s%s: %w", what, d.Infra, c.logTail(), sandbox.ErrSandboxFailed)
+	}
+	if d.OOMKilled {
+		// Only what the commands left fills the sandbox's memory (their
+		// files in its tmpfs, their processes): a guest that then needs
+		// memory to serve a request (a big file read or written, a long
+		// listing) and is killed for it, with or without a command
+		// running, is the agent's doing.
+		return fmt.Errorf("%s: the guest was OOM-killed for the sandbox's memory, which what its commands left fills%s: %w (%w)", what, c.logTail(), sandbox.ErrSandboxAbuse, sandbox.ErrSandboxFailed)
 	}
 	if !duringCommand {
 		return fmt.Errorf("%s%s: %w", what, c.logTail(), sandbox.ErrSandboxFailed)

@@ -199,6 +199,10 @@ func (c *Container) Diagnose(ctx context.Context) guesthost.Diagnosis {
 				d.Infra = why
 				return d.Diagnosis
 			}
+			if d.exitStatus == 128+uint32(syscall.SIGKILL) {
+				n, err := c.oomKills(ctx)
+				d.OOMKilled = err == nil && n > 0
+			}
 			poll = nil // only a deletion or the deadline changes the verdict now
 		}
 		select {

@@ -109,6 +109,7 @@ func (c *Container) Diagnose(ctx context.Context) guesthost.Diagnosis {
 		}
 		d.Exited = in.State.Status == "exited" || in.State.Status == "dead"
 		d.ExitStatus = in.State.ExitCode
+		d.OOMKilled = in.State.OOMKilled
 	}
 	if action := c.engineAction(ctx); action != "" {
 		d.Infra = "the engine was asked to " + action + " the container"

@@ -793,7 +793,9 @@ func (s *suite) forkHostile(t *testing.T) {
 //   - a command sets PID 1's RLIMIT_CPU below what it has spent, so the
 //     kernel SIGKILLs it as an outside kill would;
 //   - a command writes a Go panic's first line into PID 1's stderr (the
-//     guest log; gVisor lets it) and kills PID 1 (gVisor lets that too).
+//     guest log; gVisor lets it) and kills PID 1 (gVisor lets that too);
+//   - the commands fill a small sandbox's memory with a file, then a file
+//     request makes the guest need memory to serve it.
 func (s *suite) noInfraFromInside(t *testing.T) {
 	judge := func(t *testing.T, what string, err error) {
 		t.Helper()
@@ -821,6 +823,22 @@ func (s *suite) noInfraFromInside(t *testing.T) {
 		t.Logf("no PID 1 for a command to reach: %s", s.opts.NoProcesses)
 		return
 	}
+	t.Run("a file read that needs more memory than the commands left", func(t *testing.T) {
+		// The commands fill most of a small sandbox's memory with a file
+		// (tmpfs is charged to it); reading it back needs the guest to
+		// hold it: under runc the OOM killer ended the guest while no
+		// command ran, which read as infrastructure.
+		t.Parallel()
+		sb := s.new(t, func(sp *sandbox.Spec) { sp.Limits.MemoryMB, sp.Limits.DiskMB = 48, 40 })
+		ctx := ctxT(t, time.Minute)
+		wd := s.opts.Spec.WithDefaults().Workdir
+		s.sh(t, sb, "head -c 36m /dev/urandom > "+wd+"/big")
+		for i := 0; i < 2; i++ {
+			data, err := sb.ReadFile(ctx, wd+"/big", 0)
+			t.Logf("ReadFile: %d bytes, %v", len(data), err)
+			judge(t, "reading the file", err)
+		}
+	})
 	host, inSandbox := probeProgram(t, s.backend.Name())
 	bin, err := os.ReadFile(host)
 	if err != nil {
