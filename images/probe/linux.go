@@ -416,6 +416,7 @@ var pseudoFS = map[string]bool{
 // hostFiles are the files the engine itself binds in: allowed when read-only.
 var hostFiles = map[string]bool{
 	"/etc/hostname": true, "/etc/hosts": true, "/etc/resolv.conf": true, "/.rollbox/guest": true,
+	channelPath: true, // the containerd backend's guest channel, a socket nobody listens on once the guest connected
 }
 
 // sockets are the engine sockets no sandbox may see.
@@ -689,6 +690,24 @@ func guestProbe(o opts) finding {
 	} else {
 		n.add("list /proc/1/fd: %s", errno(err))
 	}
+	// The containerd backend's channel (a socket the host listened on only
+	// until the guest connected): a connection must be refused now.
+	if _, err := os.Lstat(channelPath); err == nil {
+		if err := connectUnix(channelPath); err == nil {
+			n.add("connect %s: allowed", channelPath)
+			pass = false
+			reachable["channel"] = true
+		} else {
+			n.add("connect %s: %s", channelPath, errno(err))
+		}
+	}
+	// A socket among this command's own descriptors was inherited from
+	// the guest (its channel).
+	if socks := ownSockets(); len(socks) > 0 {
+		n.add("sockets among this command's descriptors: %s", strings.Join(socks, " "))
+		pass = false
+		reachable["inherited-socket"] = true
+	}
 	if err := ptraceAttach(1); err == nil {
 		n.add("ptrace(PTRACE_ATTACH, 1): allowed")
 		pass = false
@@ -721,6 +740,35 @@ func guestProbe(o opts) finding {
 		streamW.Close()
 	}
 	return finding{Pass: pass, Evidence: n.String(), Data: map[string]any{"forged": forged, "signals": sent, "reachable": reachable}}
+}
+
+// channelPath is where the containerd backend binds the guest's channel.
+const channelPath = "/.rollbox/channel"
+
+// connectUnix connects to the unix socket at path and closes the
+// connection.
+func connectUnix(path string) error {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Connect(fd, &unix.SockaddrUnix{Name: path})
+}
+
+// ownSockets lists the sockets among this process's descriptors.
+func ownSockets() []string {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range entries {
+		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.HasPrefix(l, "socket:") {
+			out = append(out, e.Name()+"->"+l)
+		}
+	}
+	return out
 }
 
 // forkbomb starts children that only pause, until the sandbox refuses,

@@ -139,7 +139,8 @@ func (r *runner) guest(ctx context.Context) Probe {
 		// guest's non-dumpable flag: replies are sealed, so a command can
 		// garble the stream (failing its own sandbox) but not forge.
 		reach, _ := f.Data["reachable"].(map[string]any)
-		pass = reach["ptrace"] == nil && reach["/proc/1/mem"] == nil && reach["/proc/1/root/."] == nil
+		pass = reach["ptrace"] == nil && reach["/proc/1/mem"] == nil && reach["/proc/1/root/."] == nil &&
+			reach["channel"] == nil && reach["inherited-socket"] == nil
 		ev = append(ev, f.Evidence)
 		if reach["/proc/1/fd/1"] != nil || reach["/proc/1/fd/0"] != nil {
 			ev = append(ev, "WARNING: the guest's stream is reachable from a command (gVisor's /proc does not honour the guest's non-dumpable flag); replies are sealed with a per-sandbox key, so the forged ones were dropped, but a command can garble the stream and fail its own sandbox")

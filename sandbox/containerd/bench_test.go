@@ -113,7 +113,9 @@ func BenchmarkReady(b *testing.B) {
 }
 
 // BenchmarkExecTrue: `true` through the guest in a running sandbox, on
-// containerd and on Docker, one of each in turn. With
+// containerd (over the channel past the shim), on containerd over the
+// task's stdio (Options.StdioOnly: the shim's copy, as before the channel)
+// and on Docker, one of each in turn. With
 // ROLLBOX_BENCH_BASELINE_GUEST (a guest binary built from another commit,
 // e.g. `git worktree add /tmp/old <commit> && cd /tmp/old && CGO_ENABLED=0
 // go build -trimpath -o /tmp/guest-old ./images/guest`) a containerd
@@ -124,12 +126,13 @@ func BenchmarkExecTrue(b *testing.B) {
 	arms := []struct {
 		name string
 		be   sandbox.Backend
-	}{{"containerd", need(b)}, {"docker", dockerBackend(b)}}
+	}{{"containerd", need(b)}, {"containerd-stdio", newBackend(b, containerd.Options{StdioOnly: true})}, {"docker", dockerBackend(b)}}
 	if path := os.Getenv("ROLLBOX_BENCH_BASELINE_GUEST"); path != "" {
+		// A guest built before the channel speaks stdio only.
 		arms = append(arms, struct {
 			name string
 			be   sandbox.Backend
-		}{"containerd-baseline-guest", newBackend(b, containerd.Options{GuestPath: path})})
+		}{"containerd-stdio-baseline-guest", newBackend(b, containerd.Options{GuestPath: path, StdioOnly: true})})
 	}
 	var sbs []sandbox.Sandbox
 	for _, arm := range arms {
@@ -154,8 +157,9 @@ func BenchmarkExecTrue(b *testing.B) {
 	for i, arm := range arms {
 		p50[i] = lat[i].reportAs(b, arm.name+"-")
 	}
-	if len(arms) > 2 {
-		b.ReportMetric(float64(p50[0])/float64(p50[2]), "guest/baseline-guest")
+	b.ReportMetric(float64(p50[0])/float64(p50[1]), "channel/stdio")
+	if len(arms) > 3 {
+		b.ReportMetric(float64(p50[1])/float64(p50[3]), "guest/baseline-guest")
 	}
 }
 
@@ -408,12 +412,12 @@ func shimRSS() int64 {
 }
 
 // BenchmarkGuestRoundTrip: a read of a 2-byte file through the guest (no
-// process started), on containerd and on Docker in turn: the transport's
-// share of BenchmarkExecTrue.
+// process started), on containerd over the channel, over the task's stdio
+// and on Docker in turn: the transport's share of BenchmarkExecTrue.
 func BenchmarkGuestRoundTrip(b *testing.B) {
 	ctx := context.Background()
 	var sbs []sandbox.Sandbox
-	for _, be := range []sandbox.Backend{need(b), dockerBackend(b)} {
+	for _, be := range []sandbox.Backend{need(b), newBackend(b, containerd.Options{StdioOnly: true}), dockerBackend(b)} {
 		sb, err := be.Create(ctx, sandbox.Spec{Image: "base"})
 		if err != nil {
 			b.Fatal(err)
@@ -424,7 +428,7 @@ func BenchmarkGuestRoundTrip(b *testing.B) {
 		}
 		sbs = append(sbs, sb)
 	}
-	var lat [2]latencies
+	var lat [3]latencies
 	for b.Loop() {
 		for i, sb := range sbs {
 			start := time.Now()
@@ -434,6 +438,8 @@ func BenchmarkGuestRoundTrip(b *testing.B) {
 			lat[i] = append(lat[i], time.Since(start))
 		}
 	}
-	lat[0].reportAs(b, "containerd-")
-	lat[1].reportAs(b, "docker-")
+	ch := lat[0].reportAs(b, "containerd-")
+	stdio := lat[1].reportAs(b, "containerd-stdio-")
+	lat[2].reportAs(b, "docker-")
+	b.ReportMetric(float64(ch)/float64(stdio), "channel/stdio")
 }

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -23,9 +25,10 @@ import (
 )
 
 // Container is one sandbox: a containerd container whose task's init
-// process is the guest agent, spoken to over the task's stdin and stdout
-// (FIFOs the shim copies). Exec, ReadFile, WriteFile and ListFiles go
-// through the guest (guesthost.Conn).
+// process is the guest agent, spoken to over the channel (a unix socket
+// past the shim, under runc: channel.go) or the task's stdin and stdout
+// (FIFOs the shim copies: under runsc, or with Options.StdioOnly). Exec,
+// ReadFile, WriteFile and ListFiles go through the guest (guesthost.Conn).
 type Container struct {
 	*guesthost.Conn
 	b    *Backend
@@ -38,6 +41,11 @@ type Container struct {
 	exit   <-chan client.ExitStatus
 	dio    *cio.DirectIO
 	logEnd chan struct{} // closed when the guest's stderr has ended
+
+	// ch is the channel's listener until the guest connected (nil under
+	// runsc and with Options.StdioOnly); conn the guest's connection.
+	ch   *channel
+	conn atomic.Pointer[net.UnixConn]
 
 	// wsMu orders forks and the release of the files.
 	wsMu  sync.Mutex
@@ -86,12 +94,22 @@ func (c *Container) make(ctx context.Context, img client.Image, shim string, shi
 			return err
 		}
 	}
+	channelPath := ""
+	if b.useChannel(c.spec) {
+		if c.ch, err = b.newChannel(c.id); err != nil {
+			return err
+		}
+		channelPath = c.ch.path
+		if b.channelHook != nil {
+			b.channelHook(channelPath)
+		}
+	}
 	c.ctr, err = b.cli.NewContainer(lctx, c.id,
 		client.WithImage(img),
 		client.WithSnapshotter(Snapshotter),
 		client.WithNewSnapshot(c.id, img),
 		client.WithRuntime(shim, shimOpts),
-		client.WithNewSpec(b.ociSpec(c.spec, files)...),
+		client.WithNewSpec(b.ociSpec(c.spec, files, channelPath)...),
 		withLabels(labels),
 	)
 	if err != nil {
@@ -116,7 +134,13 @@ func (c *Container) make(ctx context.Context, img client.Image, shim string, shi
 		defer close(c.logEnd)
 		io.Copy(c.Log(), c.dio.Stderr)
 	}()
-	c.Attach(c.dio.Stdout, c.dio.Stdin)
+	if c.ch == nil {
+		c.Attach(c.dio.Stdout, c.dio.Stdin)
+	} else {
+		// The guest writes nothing there; a byte would be read and
+		// dropped rather than block the writer.
+		go io.Copy(io.Discard, c.dio.Stdout)
+	}
 	c.task, err = c.ctr.NewTask(ctx, func(string) (cio.IO, error) { return c.dio, nil })
 	if err != nil {
 		return translate("create task of "+c.id, err)
@@ -134,16 +158,47 @@ func (c *Container) make(ctx context.Context, img client.Image, shim string, shi
 	return nil
 }
 
-// start starts the task and says hello to the guest.
+// start starts the task, takes the guest's connection to the channel (if
+// it has one) and says hello to the guest.
 func (c *Container) start(ctx context.Context) error {
 	if err := c.task.Start(ctx); err != nil {
 		return translate("start task of "+c.id, err)
 	}
+	if c.ch != nil {
+		conn, err := c.ch.accept(ctx, c.task.Pid(), c.exit, c.b.opts.ChannelTimeout)
+		if err != nil {
+			return fmt.Errorf("sandbox %s: %w%s", c.id, err, c.logTail())
+		}
+		c.conn.Store(conn)
+		if c.IsClosed() {
+			conn.Close()
+		}
+		c.Attach(conn, conn)
+	}
 	return c.Hello(ctx)
+}
+
+// logTail is the guest's log, for an error.
+func (c *Container) logTail() string {
+	if c.logEnd != nil {
+		// The guest has exited when its log ends: wait briefly for the
+		// last of it.
+		select {
+		case <-c.logEnd:
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if s := c.Log().String(); s != "" {
+		return "; guest log: " + s
+	}
+	return ""
 }
 
 // cut ends the guest's stream so every pending call ends.
 func (c *Container) cut(error) {
+	if conn := c.conn.Load(); conn != nil {
+		conn.Close()
+	}
 	if c.dio != nil {
 		c.dio.Cancel()
 		c.dio.Close()
@@ -408,6 +463,9 @@ func (b *Backend) removeOnce(ctx context.Context, c *Container) error {
 		if err := ctr.Delete(ctx, client.WithSnapshotCleanup); err != nil && !isNotFound(err) {
 			errs = append(errs, fmt.Errorf("delete container: %w", err))
 		}
+	}
+	if c.ch != nil {
+		c.ch.close()
 	}
 	c.wsMu.Lock()
 	if c.ws != nil {

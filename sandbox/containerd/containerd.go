@@ -95,6 +95,14 @@ type Options struct {
 	// SpareIdle: the spares of a spec no fork has taken (nor PrepareFork
 	// asked for) for this long are closed (default DefaultSpareIdle).
 	SpareIdle time.Duration
+	// StdioOnly speaks to every guest over the task's stdio, as under
+	// runsc, instead of the channel past the shim (for a guest built
+	// before the channel, and for benchmarks side by side).
+	StdioOnly bool
+	// ChannelTimeout bounds how long a create waits for the guest to
+	// connect to its channel (default DefaultChannelTimeout); a guest
+	// that does not fails the create as ErrSandboxFailed.
+	ChannelTimeout time.Duration
 }
 
 // Backend creates container sandboxes on containerd directly: no dockerd in
@@ -112,6 +120,10 @@ type Backend struct {
 	layersMu sync.Mutex // guards layer.refs
 
 	spares spares
+
+	// channelHook, when set (tests), is called with each channel's socket
+	// path once it listens, before the container exists.
+	channelHook func(path string)
 
 	runscOnce sync.Once
 	runsc     string // the runsc wrapper (runtimeFor)
@@ -154,6 +166,9 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	}
 	if opts.SpareIdle <= 0 {
 		opts.SpareIdle = DefaultSpareIdle
+	}
+	if opts.ChannelTimeout <= 0 {
+		opts.ChannelTimeout = DefaultChannelTimeout
 	}
 	if opts.StateDir == "" {
 		opts.StateDir = "/run/rollbox/containerd"
@@ -352,7 +367,11 @@ func writeRunscWrapper(dir string) (string, error) {
 // the workdir and /tmp on size-limited tmpfs (binds of the host's mount
 // points under runc, see workspace.go; the runtime's own tmpfs under runsc), memory (swap equal to it), CPU quota and pids
 // through the cgroup, user 65534:65534.
-func (b *Backend) ociSpec(spec sandbox.Spec, files []specs.Mount) []oci.SpecOpts {
+//
+// channel, when not empty, is the host path of the sandbox's channel
+// socket: bound read-only at ChannelMountPath and named on the guest's
+// command line.
+func (b *Backend) ociSpec(spec sandbox.Spec, files []specs.Mount, channel string) []oci.SpecOpts {
 	l := spec.Limits
 	memory := int64(l.MemoryMB) << 20
 	pids := int64(l.PIDs + guesthost.GuestThreads)
@@ -373,9 +392,17 @@ func (b *Backend) ociSpec(spec sandbox.Spec, files []specs.Mount) []oci.SpecOpts
 		Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup",
 		Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"},
 	}}
+	args := []string{GuestMountPath}
+	if channel != "" {
+		mounts = append(mounts, specs.Mount{
+			Destination: ChannelMountPath, Type: "bind", Source: channel,
+			Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"},
+		})
+		args = append(args, "-channel", ChannelMountPath)
+	}
 	mounts = append(mounts, files...)
 	opts := []oci.SpecOpts{
-		oci.WithProcessArgs(GuestMountPath),
+		oci.WithProcessArgs(args...),
 		oci.WithProcessCwd(spec.Workdir),
 		oci.WithEnv([]string{"PATH=" + guesthost.DefaultPath}),
 		oci.WithHostname(spec.Hostname),
@@ -396,6 +423,14 @@ func (b *Backend) ociSpec(spec sandbox.Spec, files []specs.Mount) []oci.SpecOpts
 		opts = append(opts, oci.WithCPUCFS(int64(l.CPUs*period), period))
 	}
 	return opts
+}
+
+// useChannel says whether a sandbox of spec speaks to its guest over the
+// channel: under runc, unless Options.StdioOnly. gVisor's gofer opens no
+// host socket bound into the sandbox without --host-uds, which would widen
+// what every sandbox reaches: runsc keeps the stdio.
+func (b *Backend) useChannel(spec sandbox.Spec) bool {
+	return !b.opts.StdioOnly && spec.Runtime != sandbox.RuntimeRunsc
 }
 
 // tmpfsMounts are the workdir and /tmp of a sandbox that starts empty.

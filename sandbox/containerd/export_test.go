@@ -7,3 +7,20 @@ func SetMaxLayers(n int) func() {
 	maxLayers = n
 	return func() { maxLayers = old }
 }
+
+// SetChannelHook makes b call f with each channel's socket path once it
+// listens, before the container exists.
+func SetChannelHook(b *Backend, f func(path string)) { b.channelHook = f }
+
+// UsesChannel says whether the sandbox speaks to its guest over the
+// channel (not the task's stdio).
+func (c *Container) UsesChannel() bool { return c.conn.Load() != nil }
+
+// ChannelRefused counts the connections to the sandbox's channel closed
+// for not being its guest's.
+func (c *Container) ChannelRefused() int64 {
+	if c.ch == nil {
+		return 0
+	}
+	return c.ch.refused.Load()
+}
