@@ -443,3 +443,51 @@ func BenchmarkGuestRoundTrip(b *testing.B) {
 	lat[2].reportAs(b, "docker-")
 	b.ReportMetric(float64(ch)/float64(stdio), "channel/stdio")
 }
+
+// BenchmarkReadySteps: where a cold containerd sandbox's ready time goes,
+// step by step (p50 of each, in ms): the image lookup, the lease, the
+// workspace's tmpfs and anchors, the channel's socket, NewContainer (the
+// snapshot prepared and the record), the stdio FIFOs, NewTask (the shim
+// started, then `runc create`), the exit wait and the workspace's binds,
+// the task's start (`runc start`), the guest's connection to the channel,
+// its Hello, and the first exec of `true`. Close is not timed.
+func BenchmarkReadySteps(b *testing.B) {
+	be := newBackend(b, containerd.Options{})
+	ctx := context.Background()
+	steps := map[string]latencies{}
+	var order []string
+	var last time.Time
+	containerd.SetTrace(be, func(step string) {
+		now := time.Now()
+		if step != "" {
+			if _, ok := steps[step]; !ok {
+				order = append(order, step)
+			}
+			steps[step] = append(steps[step], now.Sub(last))
+		}
+		last = now
+	})
+	var total latencies
+	for b.Loop() {
+		start := time.Now()
+		sb, err := be.Create(ctx, sandbox.Spec{Image: "base"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		t := time.Now()
+		if r, err := sb.Exec(ctx, sandbox.ExecRequest{Argv: []string{"true"}}); err != nil || r.ExitCode != 0 {
+			b.Fatalf("first exec: %v %+v", err, r)
+		}
+		steps["exec"] = append(steps["exec"], time.Since(t))
+		total = append(total, time.Since(start))
+		b.StopTimer()
+		sb.Close()
+		b.StartTimer()
+	}
+	for _, s := range append(order, "exec") {
+		l := steps[s]
+		sort.Slice(l, func(i, j int) bool { return l[i] < l[j] })
+		b.ReportMetric(float64(l[len(l)/2].Microseconds())/1000, s+"-p50-ms")
+	}
+	total.reportAs(b, "ready-")
+}

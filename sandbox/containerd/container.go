@@ -82,6 +82,7 @@ func (c *Container) make(ctx context.Context, img client.Image, shim string, shi
 	if err != nil {
 		return err
 	}
+	b.step("lease")
 	lctx := leases.WithLease(ctx, l.ID)
 	files := tmpfsMounts(c.spec)
 	if c.spec.Runtime != sandbox.RuntimeRunsc {
@@ -94,6 +95,7 @@ func (c *Container) make(ctx context.Context, img client.Image, shim string, shi
 			return err
 		}
 	}
+	b.step("workspace")
 	channelPath := ""
 	if b.useChannel(c.spec) {
 		if c.ch, err = b.newChannel(c.id); err != nil {
@@ -104,6 +106,7 @@ func (c *Container) make(ctx context.Context, img client.Image, shim string, shi
 			b.channelHook(channelPath)
 		}
 	}
+	b.step("channel")
 	c.ctr, err = b.cli.NewContainer(lctx, c.id,
 		client.WithImage(img),
 		client.WithSnapshotter(Snapshotter),
@@ -115,6 +118,7 @@ func (c *Container) make(ctx context.Context, img client.Image, shim string, shi
 	if err != nil {
 		return translate("create container "+c.id, err)
 	}
+	b.step("container")
 	fifoDir := filepath.Join(b.opts.StateDir, "fifo")
 	if err := os.MkdirAll(fifoDir, 0o700); err != nil {
 		return fmt.Errorf("fifo directory: %v: %w", err, sandbox.ErrSandboxFailed)
@@ -141,10 +145,12 @@ func (c *Container) make(ctx context.Context, img client.Image, shim string, shi
 		// dropped rather than block the writer.
 		go io.Copy(io.Discard, c.dio.Stdout)
 	}
+	b.step("fifos")
 	c.task, err = c.ctr.NewTask(ctx, func(string) (cio.IO, error) { return c.dio, nil })
 	if err != nil {
 		return translate("create task of "+c.id, err)
 	}
+	b.step("task")
 	// Before the start, so no exit is missed.
 	c.exit, err = c.task.Wait(context.Background())
 	if err != nil {
@@ -161,9 +167,11 @@ func (c *Container) make(ctx context.Context, img client.Image, shim string, shi
 // start starts the task, takes the guest's connection to the channel (if
 // it has one) and says hello to the guest.
 func (c *Container) start(ctx context.Context) error {
+	c.b.step("wait+binds")
 	if err := c.task.Start(ctx); err != nil {
 		return translate("start task of "+c.id, err)
 	}
+	c.b.step("start")
 	if c.ch != nil {
 		conn, err := c.ch.accept(ctx, c.task.Pid(), c.exit, c.b.opts.ChannelTimeout)
 		if err != nil {
@@ -174,8 +182,11 @@ func (c *Container) start(ctx context.Context) error {
 			conn.Close()
 		}
 		c.Attach(conn, conn)
+		c.b.step("accept")
 	}
-	return c.Hello(ctx)
+	err := c.Hello(ctx)
+	c.b.step("hello")
+	return err
 }
 
 // logTail is the guest's log, for an error.

@@ -124,6 +124,9 @@ type Backend struct {
 	// channelHook, when set (tests), is called with each channel's socket
 	// path once it listens, before the container exists.
 	channelHook func(path string)
+	// trace, when set (benchmarks), is called as each step of a create
+	// ends ("" as one begins); creates must then run one at a time.
+	trace func(step string)
 
 	runscOnce sync.Once
 	runsc     string // the runsc wrapper (runtimeFor)
@@ -257,10 +260,12 @@ func (b *Backend) create(ctx context.Context, spec sandbox.Spec) (*Container, er
 	if err != nil {
 		return nil, err
 	}
+	b.step("")
 	img, ref, digest, err := b.image(ctx, spec.Image)
 	if err != nil {
 		return nil, err
 	}
+	b.step("image")
 	id := randomHex(6)
 	labels := b.labels(spec)
 	// The create is never abandoned midway (see docker.Backend.Create): it
@@ -282,6 +287,13 @@ func (b *Backend) create(ctx context.Context, spec sandbox.Spec) (*Container, er
 		return nil, err
 	}
 	return c, nil
+}
+
+// step marks the end of a create's step for trace.
+func (b *Backend) step(name string) {
+	if b.trace != nil {
+		b.trace(name)
+	}
 }
 
 func (b *Backend) labels(spec sandbox.Spec) map[string]string {

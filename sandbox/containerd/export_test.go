@@ -24,3 +24,7 @@ func (c *Container) ChannelRefused() int64 {
 	}
 	return c.ch.refused.Load()
 }
+
+// SetTrace makes b call f as each step of a create ends ("" as a create
+// begins). Creates must run one at a time.
+func SetTrace(b *Backend, f func(step string)) { b.trace = f }
