@@ -491,3 +491,45 @@ func BenchmarkReadySteps(b *testing.B) {
 	}
 	total.reportAs(b, "ready-")
 }
+
+// BenchmarkReadyShimShare: the shim's start's share of a cold ready. Each
+// iteration creates two sandboxes in turn: one starting its own shim (as
+// every create does) and one joining the running shim of a sandbox kept
+// open (the runc shim's group annotation, as CRI groups a pod's
+// containers), and reports the p50 of NewTask (shim start and `runc
+// create`) and of the whole ready of each. Joining is not what the
+// backend does (RATIONALE.md: a shim's exit when its last task goes races
+// a join); this measures what it would save.
+func BenchmarkReadyShimShare(b *testing.B) {
+	ctx := context.Background()
+	own, joined := newBackend(b, containerd.Options{}), newBackend(b, containerd.Options{})
+	keeper, err := own.Create(ctx, sandbox.Spec{Image: "base"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer keeper.Close()
+	containerd.SetShimGroup(joined, keeper.Info().ID)
+	var task [2]latencies
+	var ready [2]latencies
+	for i, be := range []*containerd.Backend{own, joined} {
+		var last time.Time
+		containerd.SetTrace(be, func(step string) {
+			now := time.Now()
+			if step == "task" {
+				task[i] = append(task[i], now.Sub(last))
+			}
+			last = now
+		})
+	}
+	for b.Loop() {
+		for i, be := range []*containerd.Backend{own, joined} {
+			ready[i] = append(ready[i], readyOnce(b, be, sandbox.Spec{Image: "base"}))
+		}
+	}
+	ownTask := task[0].reportAs(b, "own-shim-task-")
+	joinedTask := task[1].reportAs(b, "joined-shim-task-")
+	ownReady := ready[0].reportAs(b, "own-shim-ready-")
+	joinedReady := ready[1].reportAs(b, "joined-shim-ready-")
+	b.ReportMetric(float64(ownTask-joinedTask)/1e6, "shim-start-ms")
+	b.ReportMetric(float64(joinedReady)/float64(ownReady), "joined/own")
+}

@@ -112,7 +112,7 @@ func (c *Container) make(ctx context.Context, img client.Image, shim string, shi
 		client.WithSnapshotter(Snapshotter),
 		client.WithNewSnapshot(c.id, img),
 		client.WithRuntime(shim, shimOpts),
-		client.WithNewSpec(b.ociSpec(c.spec, files, channelPath)...),
+		client.WithNewSpec(append(b.ociSpec(c.spec, files, channelPath), b.shimGroupOpts()...)...),
 		withLabels(labels),
 	)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -127,6 +128,9 @@ type Backend struct {
 	// trace, when set (benchmarks), is called as each step of a create
 	// ends ("" as one begins); creates must then run one at a time.
 	trace func(step string)
+	// shimGroup, when set (benchmarks), makes every create join the shim
+	// of the sandbox of that id instead of starting its own.
+	shimGroup string
 
 	runscOnce sync.Once
 	runsc     string // the runsc wrapper (runtimeFor)
@@ -289,6 +293,15 @@ func (b *Backend) create(ctx context.Context, spec sandbox.Spec) (*Container, er
 	return c, nil
 }
 
+// shimGroupOpts joins the shim of the sandbox b.shimGroup names (a
+// measurement of what a shim's start costs: RATIONALE.md).
+func (b *Backend) shimGroupOpts() []oci.SpecOpts {
+	if b.shimGroup == "" {
+		return nil
+	}
+	return []oci.SpecOpts{oci.WithAnnotations(map[string]string{"io.containerd.runc.v2.group": b.shimGroup})}
+}
+
 // step marks the end of a create's step for trace.
 func (b *Backend) step(name string) {
 	if b.trace != nil {
@@ -429,12 +442,38 @@ func (b *Backend) ociSpec(spec sandbox.Spec, files []specs.Mount, channel string
 		oci.WithMemorySwap(memory),
 		oci.WithPidsLimit(pids),
 		seccomp.WithDefaultProfile(),
+		withNativeSyscallsOnly,
 	}
 	if l.CPUs > 0 {
 		const period = 100000
 		opts = append(opts, oci.WithCPUCFS(int64(l.CPUs*period), period))
 	}
 	return opts
+}
+
+// withNativeSyscallsOnly narrows the seccomp profile to the host's own
+// system call ABI: containerd's default lists, on amd64, x86-64, x86 and
+// x32, for images built for any of them. The sandboxes' images are the
+// host's architecture; a call through another ABI (int 0x80, or an x32
+// number) is then killed (SIGSYS) as of an unknown architecture: less
+// kernel surface, and a filter a third as long for runc to compile (~20 ms
+// of every create here: RATIONALE.md).
+func withNativeSyscallsOnly(_ context.Context, _ oci.Client, _ *containers.Container, s *specs.Spec) error {
+	if s.Linux == nil || s.Linux.Seccomp == nil || len(s.Linux.Seccomp.Architectures) == 0 {
+		return nil
+	}
+	native, ok := nativeArch[goruntime.GOARCH]
+	if !ok {
+		return nil
+	}
+	s.Linux.Seccomp.Architectures = []specs.Arch{native}
+	return nil
+}
+
+// nativeArch is the seccomp architecture of each GOARCH a sandbox runs on.
+var nativeArch = map[string]specs.Arch{
+	"amd64": specs.ArchX86_64, "arm64": specs.ArchAARCH64, "386": specs.ArchX86,
+	"ppc64le": specs.ArchPPC64LE, "s390x": specs.ArchS390X, "riscv64": specs.ArchRISCV64,
 }
 
 // useChannel says whether a sandbox of spec speaks to its guest over the

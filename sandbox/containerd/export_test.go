@@ -28,3 +28,8 @@ func (c *Container) ChannelRefused() int64 {
 // SetTrace makes b call f as each step of a create ends ("" as a create
 // begins). Creates must run one at a time.
 func SetTrace(b *Backend, f func(step string)) { b.trace = f }
+
+// SetShimGroup makes every create of b join the shim of the sandbox id
+// (its task's shim) instead of starting its own ("" for its own).
+func SetShimGroup(b *Backend, id string) { b.shimGroup = id }
+
