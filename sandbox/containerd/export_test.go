@@ -32,4 +32,3 @@ func SetTrace(b *Backend, f func(step string)) { b.trace = f }
 // SetShimGroup makes every create of b join the shim of the sandbox id
 // (its task's shim) instead of starting its own ("" for its own).
 func SetShimGroup(b *Backend, id string) { b.shimGroup = id }
-
