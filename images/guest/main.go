@@ -27,7 +27,7 @@ func main() {
 		conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: os.Args[2], Net: "unix"})
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "guest: connect to the host's channel: %v\n", err)
-			os.Exit(2)
+			os.Exit(3) // not 2, a Go panic's status
 		}
 		if err := guest.Serve(conn, conn, os.Stderr); err != nil {
 			os.Exit(1)
@@ -36,7 +36,7 @@ func main() {
 	}
 	if len(os.Args) > 1 {
 		fmt.Fprintf(os.Stderr, "guest: unknown arguments %q (want none, or -channel PATH)\n", os.Args[1:])
-		os.Exit(2)
+		os.Exit(3)
 	}
 	if err := guest.Serve(os.Stdin, os.Stdout, os.Stderr); err != nil {
 		os.Exit(1)
