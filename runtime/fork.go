@@ -104,7 +104,14 @@ func (s *Server) postFork(w http.ResponseWriter, r *http.Request) error {
 			// not the infrastructure's.
 			return &apiError{Status: http.StatusConflict, Code: codeConflict, Field: "id",
 				Message: fmt.Sprintf("episode %s cannot be forked, because of the files in its sandbox; nothing was made: %v", ep.id, err)}
-		case sandbox.IsInfra(err) || sandbox.IsAbuse(err):
+		case sandbox.IsAbuse(err):
+			// The episode's own commands broke its sandbox (its guest
+			// OOM-killed copying what they left): no retry can fork it,
+			// and the episode is the one to score (its next step ends it
+			// sandbox_abuse), not a failure of the service's.
+			return &apiError{Status: http.StatusConflict, Code: codeConflict, Field: "id",
+				Message: fmt.Sprintf("episode %s cannot be forked: its own commands broke its sandbox; nothing was made: %v", ep.id, err)}
+		case sandbox.IsInfra(err):
 			s.metrics.SandboxFailures.WithLabelValues(ep.backend).Inc()
 			s.log.Warn("fork failed: nothing was made", "episode", ep.id, "n", req.N, "err", err)
 			return &apiError{Status: http.StatusServiceUnavailable, Code: codeUnavailable, RetryAfter: 5,

@@ -223,6 +223,41 @@ func TestAForkTheEpisodesOwnFilesPreventIsAConflictNotInfrastructure(t *testing.
 	}
 }
 
+// A fork the episode's own commands make its sandbox fail (a 60 MB file in
+// a 96 MB sandbox: the guest reading it for the copy is OOM-killed) is the
+// episode's doing, a 409, not a 503 asking the trainer to retry (which it
+// did forever: the broken verdict sticks) or to drop the group; and the
+// episode's next step ends it sandbox_abuse, scored 0.
+func TestAForkTheEpisodesCommandsBreakIsAConflictNotInfrastructure(t *testing.T) {
+	src := dockerBackends(t)
+	s := startService(t, "", func(o *runtime.Options) { o.Backends = src })
+	tk := dockerTask("fork-oom")
+	tk["sandbox"].(map[string]any)["limits"] = map[string]any{"memory_mb": 96, "disk_mb": 64}
+	var opened struct{ ID string }
+	if code, _ := s.do("POST", "/v1/episodes", map[string]any{"task": tk}, &opened); code != 201 {
+		t.Fatalf("open: %d", code)
+	}
+	t.Cleanup(func() { s.do("DELETE", "/v1/episodes/"+opened.ID, nil, nil) })
+	if code, r := bash(s, opened.ID, "head -c 60000000 /dev/urandom > /work/big && echo made"); code != 200 || r.Results[0].Output != "made\n" {
+		t.Fatalf("step: %d %+v", code, r)
+	}
+	var e apiErr
+	code, _ := s.do("POST", "/v1/episodes/"+opened.ID+"/fork", map[string]any{"n": 2}, &e)
+	t.Logf("fork: %d %s", code, e.Error.Message)
+	if code != http.StatusConflict {
+		t.Errorf("fork: %d %+v, want 409: the episode's own commands broke its sandbox", code, e.Error)
+	}
+	var st struct {
+		Done        bool
+		Termination struct{ Reason string }
+	}
+	s.do("POST", "/v1/episodes/"+opened.ID+"/step", map[string]any{"tool_calls": []map[string]any{
+		{"name": "bash", "arguments": map[string]any{"command": "echo still here"}}}}, &st)
+	if !st.Done || st.Termination.Reason != trajectory.EndSandboxAbuse {
+		t.Errorf("the parent's next step: %+v, want it ended %s (scored 0)", st, trajectory.EndSandboxAbuse)
+	}
+}
+
 // An episode whose commands made more files than a copying fork takes
 // (sandbox.MaxCopyEntries: the count is the agent's to choose, and each
 // file costs the copy a guest request per child) gets a 409 at once,

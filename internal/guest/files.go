@@ -388,9 +388,32 @@ func (s *Server) listDir(req *guestproto.ListDir) (*guestproto.DirList, *guestpr
 	}
 	f := os.NewFile(uintptr(fd), req.Path)
 	defer f.Close()
-	names, err := f.Readdirnames(-1)
-	if err != nil {
-		return nil, errnoError(req.Path, err)
+	// The listing is bounded as it is read: a directory of the commands'
+	// making can hold more entries (empty files cost no space in a tmpfs)
+	// and longer symlink targets than one reply carries (MaxMessage) or
+	// the guest's memory holds. A reply too large to send was logged and
+	// never answered (the caller waited forever); one the guest had no
+	// memory for got it OOM-killed.
+	tooLarge := func(n int) *guestproto.Error {
+		return pathError(guestproto.CodeTooLarge, "%s: the listing is more than %d bytes (%d entries read)", req.Path, s.maxList, n)
+	}
+	var names []string
+	size := 0
+	for {
+		chunk, err := f.Readdirnames(1024)
+		for _, n := range chunk {
+			size += len(n) + listEntryBytes
+		}
+		names = append(names, chunk...)
+		if size > s.maxList {
+			return nil, tooLarge(len(names))
+		}
+		if errors.Is(err, io.EOF) || (err == nil && len(chunk) == 0) {
+			break
+		}
+		if err != nil {
+			return nil, errnoError(req.Path, err)
+		}
 	}
 	sort.Strings(names)
 	out := &guestproto.DirList{Entries: make([]guestproto.DirEntry, 0, len(names))}
@@ -408,11 +431,22 @@ func (s *Server) listDir(req *guestproto.ListDir) (*guestproto.DirList, *guestpr
 		}
 		if st.Mode&unix.S_IFMT == unix.S_IFLNK {
 			en.Link, _ = readlinkat(fd, n)
+			if size += len(en.Link); size > s.maxList {
+				return nil, tooLarge(len(out.Entries))
+			}
 		}
 		out.Entries = append(out.Entries, en)
 	}
 	return out, nil
 }
+
+// maxListBytes bounds a directory listing's reply: as much as a file's
+// (sandbox.MaxFileBytes), well within a message (guestproto.MaxMessage).
+const maxListBytes = sandbox.MaxFileBytes
+
+// listEntryBytes is what an entry costs in a reply beside its name and
+// link: its size, mode, kind and time, and the lengths.
+const listEntryBytes = 48
 
 // fileMode converts a stat mode to an io/fs one.
 func fileMode(m uint32) fs.FileMode {

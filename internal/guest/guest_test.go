@@ -32,7 +32,7 @@ func newHarness(t *testing.T) *harness {
 
 // newGuardedHarness is newHarness with the memory guard on at limit bytes,
 // sampling usage (the sandbox's sysinfo(2) would be the host's here).
-func newGuardedHarness(t *testing.T, limit int64, usage func() int64) *harness {
+func newGuardedHarness(t *testing.T, limit int64, usage func() int64, opts ...func(*Server)) *harness {
 	t.Helper()
 	hostR, guestW := io.Pipe()
 	guestR, hostW := io.Pipe()
@@ -40,6 +40,9 @@ func newGuardedHarness(t *testing.T, limit int64, usage func() int64) *harness {
 	s := newServer(guestW, io.Discard)
 	if usage != nil {
 		s.usage = usage
+	}
+	for _, o := range opts {
+		o(s)
 	}
 	go func() {
 		done <- s.serve(guestR)
@@ -364,5 +367,51 @@ func TestFileRequestsGetNoneOfTheGuestsOwnProcEntries(t *testing.T) {
 	}
 	if err := list("/proc"); err != nil {
 		t.Errorf("listing /proc: %v", err)
+	}
+}
+
+// A listing is bounded as it is read (Server.maxList): a directory of many
+// entries, or of few symlinks with long targets, is refused as too large
+// (the caller's to handle), not built in the guest's memory and then
+// dropped unsent. Before, a reply over guestproto.MaxMessage was logged and
+// never answered: the host waited forever (the verifier's read-out of a
+// workspace of 42,000 symlinks with 4,000-byte targets), or the guest was
+// OOM-killed building it.
+func TestAListingPastItsBoundIsRefusedAsTooLarge(t *testing.T) {
+	h := newGuardedHarness(t, 0, nil, func(s *Server) { s.maxList = 8 << 10 })
+	ctx := context.Background()
+	many, long, small := filepath.Join(h.root, "many"), filepath.Join(h.root, "long"), filepath.Join(h.root, "small")
+	for _, d := range []string{many, long, small} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 200 {
+		if err := os.WriteFile(filepath.Join(many, fmt.Sprintf("%040d", i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	target := strings.Repeat("a", 4000)
+	for i := range 3 {
+		if err := os.Symlink(target, filepath.Join(long, fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 3 {
+		if err := os.WriteFile(filepath.Join(small, fmt.Sprint(i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range []string{many, long} {
+		_, err := h.c.Call(ctx, guestproto.TypeListDir, &guestproto.ListDir{Path: d})
+		var ge *guestproto.Error
+		if !errors.As(err, &ge) || ge.Code != guestproto.CodeTooLarge {
+			t.Errorf("list %s: %v, want %s", d, err, guestproto.CodeTooLarge)
+		}
+	}
+	m, err := h.c.Call(ctx, guestproto.TypeListDir, &guestproto.ListDir{Path: small})
+	var dl guestproto.DirList
+	if err != nil || guestproto.Expect(m, guestproto.TypeDirList, &dl) != nil || len(dl.Entries) != 3 {
+		t.Errorf("list %s: %d entries, %v", small, len(dl.Entries), err)
 	}
 }

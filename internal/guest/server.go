@@ -47,6 +47,9 @@ type Server struct {
 	// (memUsed; tests on the host give their own).
 	usage     func() int64
 	guardWake chan struct{} // a guarded command started or ended
+	// maxList bounds a directory listing's reply (maxListBytes; tests
+	// give less).
+	maxList int
 
 	guardMu sync.Mutex
 	guarded map[*command]bool
@@ -72,6 +75,7 @@ func newServer(w io.Writer, logw io.Writer) *Server {
 		guarded: map[*command]bool{},
 		slots:   make(chan struct{}, requestSlots),
 		usage:   memUsed,
+		maxList: maxListBytes,
 
 		guardWake: make(chan struct{}, 1),
 	}
