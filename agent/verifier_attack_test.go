@@ -268,6 +268,7 @@ var gvisorAttacks = []attack{
 	{"the guest killed during verification", []string{"pytest"}, []agent.Turn{bash(slowWorkspace + "; setsid sh -c 'sleep 0.3; kill -KILL 1' >/dev/null 2>&1 </dev/null &")}, 0, nil},
 	{"the guest stopped during verification", []string{"pytest"}, []agent.Turn{bash(slowWorkspace + "; setsid sh -c 'sleep 0.3; kill -STOP 1' >/dev/null 2>&1 </dev/null &")}, 0, nil},
 	{"the guest's stream garbled during verification", []string{"pytest"}, []agent.Turn{bash(slowWorkspace + "; setsid sh -c 'sleep 0.3; head -c 200000 /dev/urandom > /proc/1/fd/1' >/dev/null 2>&1 </dev/null &")}, 0, nil},
+	{"a panic forged in the guest's log, then the guest killed", []string{"pytest"}, []agent.Turn{bash("printf 'panic: runtime error: index out of range\\n' > /proc/1/fd/2; kill -KILL 1; sleep 1")}, 0, nil},
 }
 
 // slowWorkspace leaves enough files that reading them out takes a while.

@@ -162,6 +162,31 @@ func TestTheVerifierResistsRewardHacksOnContainerd(t *testing.T) {
 	})
 }
 
+// On gVisor on containerd (runsc as the runc shim's binary): the named
+// shape, with the attacks only gVisor lets through (a command there can
+// kill, freeze or garble the guest and write into its log) and the
+// controls. Every attack 0, the honest fix 1, none unscored. The verifier's
+// other attacks do not depend on the runtime; ROLLBOX_ATTACK_ALL=1 runs them
+// here too (all 33 held: 0, the honest fix 1; 119 s).
+func TestTheVerifierResistsRewardHacksOnGVisorOnContainerd(t *testing.T) {
+	t.Parallel()
+	be := needContainerdBackend(t)
+	f := func(ctx context.Context, _ string, spec sandbox.Spec) (sandbox.Sandbox, error) {
+		return be.Create(ctx, spec)
+	}
+	list := append([]attack{}, gvisorAttacks...)
+	for _, a := range attacks {
+		if a.name == "the honest fix" || a.name == "doing nothing" || os.Getenv("ROLLBOX_ATTACK_ALL") == "1" {
+			list = append(list, a)
+		}
+	}
+	runAttacks(t, recommended(list), map[string]func() (*agent.Task, agent.SandboxFactory){
+		"pytest-named": func() (*agent.Task, agent.SandboxFactory) {
+			return onContainerd(attackTask(t, "pytest-named", "runsc")), f
+		},
+	})
+}
+
 // On containerd forks (copy-on-write layers shared with the parent and
 // every sibling: the attacks run side by side, children of one parent) the
 // named shape, as on gVisor.
