@@ -89,27 +89,33 @@ func readyOnce(b *testing.B, be sandbox.Backend, spec sandbox.Spec) time.Duratio
 // BenchmarkReady: a cold sandbox created, started and answering its first
 // exec, on containerd and on Docker (the same guest, hardening and image),
 // beside `docker run --rm --network none rollbox/base true` through the
-// CLI. Each iteration makes one of each, in turn, so all three see the
-// same load on a shared machine; Close is not timed. Reports each one's
-// p50 and p99 and the ratio of containerd's p50 to the Docker backend's.
+// CLI, and containerd with the seccomp profile's every ABI (x86 and x32
+// beside x86-64, as before withNativeSyscallsOnly). Each iteration makes
+// one of each, in turn, so all see the same load on a shared machine;
+// Close is not timed. Reports each one's p50 and p99 and the ratios of
+// containerd's p50 to the Docker backend's and to its all-ABIs baseline.
 func BenchmarkReady(b *testing.B) {
 	spec := sandbox.Spec{Image: "base"}
 	cd, dk := need(b), dockerBackend(b)
-	var lat [3]latencies
+	all := newBackend(b, containerd.Options{})
+	containerd.SetAllABIs(all)
+	var lat [4]latencies
 	for b.Loop() {
 		lat[0] = append(lat[0], readyOnce(b, cd, spec))
 		lat[1] = append(lat[1], readyOnce(b, dk, spec))
+		lat[3] = append(lat[3], readyOnce(b, all, spec))
 		start := time.Now()
 		if out, err := exec.Command("docker", "run", "--rm", "--network", "none", "--label", "rollbox.owner="+testOwner, "rollbox/base:latest", "true").CombinedOutput(); err != nil {
 			b.Fatalf("docker run: %v %s", err, out)
 		}
 		lat[2] = append(lat[2], time.Since(start))
 	}
-	var p50 [3]time.Duration
-	for i, name := range []string{"containerd", "docker", "docker-run-rm"} {
+	var p50 [4]time.Duration
+	for i, name := range []string{"containerd", "docker", "docker-run-rm", "containerd-all-abis"} {
 		p50[i] = lat[i].reportAs(b, name+"-")
 	}
 	b.ReportMetric(float64(p50[0])/float64(p50[1]), "containerd/docker")
+	b.ReportMetric(float64(p50[0])/float64(p50[3]), "native/all-abis")
 }
 
 // BenchmarkExecTrue: `true` through the guest in a running sandbox, on

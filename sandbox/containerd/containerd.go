@@ -131,6 +131,9 @@ type Backend struct {
 	// shimGroup, when set (benchmarks), makes every create join the shim
 	// of the sandbox of that id instead of starting its own.
 	shimGroup string
+	// allABIs, when set (benchmarks), keeps the default seccomp profile's
+	// every system call ABI (withNativeSyscallsOnly's baseline).
+	allABIs bool
 
 	runscOnce sync.Once
 	runsc     string // the runsc wrapper (runtimeFor)
@@ -442,7 +445,9 @@ func (b *Backend) ociSpec(spec sandbox.Spec, files []specs.Mount, channel string
 		oci.WithMemorySwap(memory),
 		oci.WithPidsLimit(pids),
 		seccomp.WithDefaultProfile(),
-		withNativeSyscallsOnly,
+	}
+	if !b.allABIs {
+		opts = append(opts, withNativeSyscallsOnly)
 	}
 	if l.CPUs > 0 {
 		const period = 100000
