@@ -507,3 +507,44 @@ open("f", "w").write("bottom")
 		t.Errorf("the parent after the fork: %v %+v %s", err, r, r.Stderr)
 	}
 }
+
+// A fork that copies the files on the host writes every byte of every
+// file: a sparse file the sandbox's commands made (truncate -s 1G, which
+// costs its disk nothing) or one file hard-linked many times (copied once
+// per link) does not fit the layer sized to the disk limit. That is the
+// sandbox's files (ErrTooLarge, a 409 for a trainer's fork), not an
+// infrastructure failure: before, the copy's ENOSPC failed the fork as
+// ErrSandboxFailed, and a group forked from it was dropped.
+func TestAForkCopyOfASparseFileOverTheDiskIsTheSandboxsDoing(t *testing.T) {
+	b := need(t)
+	defer containerd.SetMaxLayers(1)() // every fork copies
+	for name, cmd := range map[string]string{
+		"sparse":     "truncate -s 1G /work/sparse",
+		"hard links": "head -c 4m /dev/zero > /work/f && for i in 1 2 3 4 5 6; do ln /work/f /work/h$i; done",
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			sb, err := b.Create(ctx, sandbox.Spec{Image: "base", Limits: sandbox.Limits{DiskMB: 16}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sb.Close()
+			if r, err := sb.Exec(ctx, sandbox.ExecRequest{Shell: cmd + " && echo made"}); err != nil || !strings.Contains(string(r.Stdout), "made") {
+				t.Fatalf("making the files: %v %+v %s", err, r, r.Stderr)
+			}
+			start := time.Now()
+			kids, err := sb.(sandbox.Forker).Fork(ctx, 1)
+			t.Logf("fork after %v: %v", time.Since(start).Round(time.Millisecond), err)
+			if err == nil {
+				sandbox.CloseAll(kids)
+			}
+			if err != nil && (!errors.Is(err, sandbox.ErrTooLarge) || sandbox.IsInfra(err)) {
+				t.Errorf("fork: %v, want a success or ErrTooLarge (the sandbox's doing)", err)
+			}
+			if r, err := sb.Exec(ctx, sandbox.ExecRequest{Shell: "ls /work"}); err != nil || r.ExitCode != 0 {
+				t.Errorf("the parent after the fork: %v %+v %s", err, r, r.Stderr)
+			}
+		})
+	}
+}

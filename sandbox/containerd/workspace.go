@@ -355,6 +355,12 @@ func (b *Backend) copyLayer(name string, r *wsRoot) ([]*layer, error) {
 		if errors.Is(err, sandbox.ErrTooLarge) {
 			return nil, fmt.Errorf("copy %s: %w", r.dest, err) // the sandbox's files, not the infrastructure
 		}
+		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+			// The layer holds what the sandbox's disk limit allows; its
+			// files take more once copied only when its commands made them
+			// so (a sparse file, hard links: each copied in full).
+			return nil, fmt.Errorf("copy %s: the sandbox's files take more room copied than its disk limit gives (sparse files or hard links, copied in full): %v: %w", r.dest, err, sandbox.ErrTooLarge)
+		}
 		return nil, fmt.Errorf("copy %s: %v: %w", r.dest, err, sandbox.ErrSandboxFailed)
 	}
 	if err := unix.Mount("", l.path, "", unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
