@@ -105,7 +105,8 @@ func (s *Session) forkOne(parent *trajectory.Trajectory, cfg Config, sb sandbox.
 	sandbox.NameEpisode(sb, id)
 	info := sb.Info()
 	rec.Sandbox.ID = info.ID
-	w, err := trajectory.NewWriter(cfg.Dir, &rec)
+	// A cluster worker's fork streams its journal as any episode's does.
+	w, err := trajectory.NewWriterTee(cfg.Dir, &rec, cfg.Journal)
 	if err != nil {
 		return nil, err
 	}

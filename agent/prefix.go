@@ -238,7 +238,9 @@ func (g *PrefixGroup) runPrefix(ctx context.Context, cfg Config) error {
 	}
 	g.runs = max(g.runs, g.Ran) + 1
 	pcfg := cfg
-	pcfg.Prefix, pcfg.Retry, pcfg.OnOpen = nil, Retry{}, nil
+	// The prefix is an episode of its own: not the member's journal (a
+	// cluster worker's stream of the member's lines) nor its hooks.
+	pcfg.Prefix, pcfg.Retry, pcfg.OnOpen, pcfg.Journal = nil, Retry{}, nil, nil
 	pcfg.EpisodeID = g.Name + ".prefix"
 	if g.runs > 1 {
 		pcfg.EpisodeID = fmt.Sprintf("%s.prefix.%d", g.Name, g.runs)

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -315,8 +316,15 @@ func (c *coordinator) start(j *job) {
 	}
 	c.mu.Lock()
 	c.eps[j.ep.rec.ID] = d
+	publish := j.batch == nil
+	if b := j.batch; b != nil {
+		b.started++
+		publish = b.started == len(b.jobs)
+	}
 	c.mu.Unlock()
-	c.publish(j)
+	if publish {
+		c.publish(j)
+	}
 }
 
 // publish publishes a job's work item (msg id: the episode id), retrying
@@ -332,11 +340,19 @@ func (c *coordinator) publish(j *job) {
 	if cl := r.rec.Cluster; cl != nil && e.rec.TaskIndex < len(cl.Tasks) {
 		item.TaskDir, item.Index = cl.Tasks[e.rec.TaskIndex].Dir, cl.Tasks[e.rec.TaskIndex].Index
 	}
+	subject, msgID := cluster.WorkSubject(j.plan.backend, e.rec.ID), e.rec.ID
+	if b := j.batch; b != nil {
+		// The group's episodes still to run, as one item.
+		item.EpisodeID, item.GroupIndex = "", 0
+		for _, x := range b.jobs {
+			item.Members = append(item.Members, cluster.Member{EpisodeID: x.ep.rec.ID, GroupIndex: x.ep.rec.GroupIndex})
+		}
+		subject, msgID = cluster.GroupWorkSubject(j.plan.backend, e.rec.GroupID), cluster.GroupMsgID(e.rec.GroupID)
+	}
 	body, _ := json.Marshal(item)
-	subject := cluster.WorkSubject(j.plan.backend, e.rec.ID)
 	for attempt := 0; ; attempt++ {
 		ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
-		_, err := c.js.Publish(ctx, subject, body, jetstream.WithMsgID(e.rec.ID))
+		_, err := c.js.Publish(ctx, subject, body, jetstream.WithMsgID(msgID))
 		cancel()
 		if err == nil {
 			c.dispatchedTotal.Inc()
@@ -557,7 +573,16 @@ func (c *coordinator) lost(d *dispatched, why string, naknow bool) {
 	c.lostTotal.WithLabelValues("interrupted").Inc()
 	s.log.Warn("cluster: attempt lost; the episode ends with its partial journal", "episode", e.rec.ID, "attempt", cl.Attempt, "asked", cl.Asked, "why", why)
 	c.finish(d, t, journal)
-	if cl.AckSubject != "" {
+	switch {
+	case cl.AckSubject == "":
+	case d.j.groupItem():
+		// A group item holds other members: it goes back (a worker then
+		// runs those still to run and skips the ended ones), unless it was
+		// redelivered already.
+		if naknow {
+			c.nc.Publish(cl.AckSubject, []byte("-NAK"))
+		}
+	default:
 		c.nc.Publish(cl.AckSubject, []byte("+TERM"))
 	}
 }
@@ -611,6 +636,11 @@ func (c *coordinator) onJournal(msg jetstream.Msg) {
 	h := msg.Headers()
 	id, worker, kind := h.Get(cluster.HeaderEpisode), h.Get(cluster.HeaderWorker), h.Get(cluster.HeaderKind)
 	attempt, _ := strconv.Atoi(h.Get(cluster.HeaderAttempt))
+	if kind == cluster.KindPrefix {
+		c.keepPrefix(id, h.Get(cluster.HeaderRollout), msg.Data())
+		msg.Ack()
+		return
+	}
 	c.mu.Lock()
 	d := c.eps[id]
 	if d == nil || d.ended || d.claim.Attempt != attempt || d.claim.Worker != worker {
@@ -703,6 +733,34 @@ func (c *coordinator) onJournal(msg jetstream.Msg) {
 	default:
 		c.mu.Unlock()
 		msg.Ack()
+	}
+}
+
+// keepPrefix stores the record of a prefix episode a worker ran for a
+// group item under DATA/prefixes, as one host keeps it (the members'
+// forked_from names it): only a prefix of a rollout of this coordinator.
+func (c *coordinator) keepPrefix(id, rolloutID string, doc []byte) {
+	s := c.s
+	s.mu.Lock()
+	r := s.rollouts[rolloutID]
+	s.mu.Unlock()
+	rest, ok := strings.CutPrefix(id, rolloutID+".")
+	if r == nil || !ok || !strings.Contains(rest, ".prefix") || strings.ContainsAny(id, `/\`) || !filepath.IsLocal(id) {
+		s.log.Warn("cluster: a prefix record of no rollout here; dropped", "prefix", id, "rollout", rolloutID)
+		return
+	}
+	var t trajectory.Trajectory
+	if json.Unmarshal(doc, &t) != nil || t.EpisodeID != id {
+		s.log.Warn("cluster: a prefix record that is not one; dropped", "prefix", id)
+		return
+	}
+	dir := filepath.Join(s.st.dir, "prefixes")
+	err := os.MkdirAll(dir, 0o755)
+	if err == nil {
+		err = trajectory.WriteDocument(filepath.Join(dir, id+".json"), doc)
+	}
+	if err != nil {
+		s.log.Error("cluster: keeping a prefix's record", "prefix", id, "err", err)
 	}
 }
 
@@ -1006,8 +1064,9 @@ func (s *Server) clusterTasks(tasks []*agent.Task) ([]clusterTask, error) {
 
 // clusterRefuses refuses, on a coordinator, what its workers cannot run
 // yet: orchestrator tasks (the tree runs on one host: its sub-agents share
-// the scheduler's slots) and prefix groups (the group forks from one
-// sandbox: it runs on one host); work items are single episodes.
+// the scheduler's slots, and a work item is one episode or one prefix
+// group). A task with a prefix runs as a group item (one worker runs the
+// group).
 func (s *Server) clusterRefuses(req *RolloutRequest, tasks []*agent.Task) error {
 	if s.coord == nil {
 		if req.RetryInterrupted {
@@ -1016,16 +1075,10 @@ func (s *Server) clusterRefuses(req *RolloutRequest, tasks []*agent.Task) error 
 		return nil
 	}
 	for i, t := range tasks {
-		field := fmt.Sprintf("tasks[%d]", i)
-		switch {
-		case t.Orchestrator != nil:
-			return badField(field+".orchestrator", "orchestrator tasks do not run on a cluster coordinator (rollbox serve --cluster) yet: "+
+		if t.Orchestrator != nil {
+			return badField(fmt.Sprintf("tasks[%d].orchestrator", i), "orchestrator tasks do not run on a cluster coordinator (rollbox serve --cluster) yet: "+
 				"the tree (the orchestrator and its sub-agents, which share one host's slots, and their records) runs on one host, "+
-				"and work items are single episodes any worker takes; submit it to a single-host rollbox serve (docs/scale-out.md)")
-		case t.Prefix != nil:
-			return badField(field+".prefix", "tasks with a prefix do not run on a cluster coordinator (rollbox serve --cluster) yet: "+
-				"a group's episodes fork from the one sandbox that ran the prefix, so the whole group must run on one worker, "+
-				"and work items are single episodes any worker takes; submit it to a single-host rollbox serve (docs/scale-out.md)")
+				"and a work item is one episode or one prefix group; submit it to a single-host rollbox serve (docs/scale-out.md)")
 		}
 	}
 	return nil
@@ -1127,7 +1180,11 @@ func (c *coordinator) resumeRollout(rr *rolloutRecord) error {
 			plans[e.rec.TaskIndex] = pl
 		}
 		j := &job{r: r, ep: e, plan: pl}
-		_, err := stream.GetLastMsgForSubject(ctx, cluster.WorkSubject(pl.backend, e.rec.ID))
+		subject := cluster.WorkSubject(pl.backend, e.rec.ID)
+		if j.groupItem() {
+			subject = cluster.GroupWorkSubject(pl.backend, e.rec.GroupID)
+		}
+		_, err := stream.GetLastMsgForSubject(ctx, subject)
 		switch {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 			queued = append(queued, j)

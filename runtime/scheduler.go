@@ -126,7 +126,23 @@ type job struct {
 	r    *rollout
 	ep   *episodeState
 	plan *plan
+	// batch, on a coordinator, is the group this job is dispatched with as
+	// one work item (a task with a prefix: the group forks from one
+	// sandbox, so one worker runs it); nil for a job dispatched alone.
+	batch *jobBatch
 }
+
+// jobBatch is the episodes of one group a coordinator started together
+// (scheduler.pick) and publishes as one work item once the last of them is
+// started (coordinator.start).
+type jobBatch struct {
+	jobs    []*job
+	started int // under the coordinator's mu
+}
+
+// groupItem says whether a coordinator dispatches the job with its group
+// as one work item.
+func (j *job) groupItem() bool { return j.plan.task.Prefix != nil }
 
 // demandKey names the sandboxes a job waits for: a backend's pool and a spec in it.
 type demandKey struct{ backend, spec string }
@@ -312,8 +328,11 @@ func (sc *scheduler) addDemandLocked(j *job, d int) {
 	sc.demandDirty = true
 }
 
-// pick takes the next job to start, or nil.
-func (sc *scheduler) pick() *job {
+// pick takes the next jobs to start: one job, or on a coordinator the
+// queued episodes of a group it dispatches as one work item (job.batch),
+// all at once and only when the live workers' slots hold them all; nil
+// when none may start.
+func (sc *scheduler) pick() []*job {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	sc.grantLocked()
@@ -327,6 +346,15 @@ func (sc *scheduler) pick() *job {
 		if sc.backendFullLocked(j.plan.backend) {
 			continue
 		}
+		k := 1 // the jobs taken together
+		if sc.clusterSlots != nil && j.groupItem() {
+			for k < len(r.queue) && r.queue[k].ep.group == j.ep.group {
+				k++
+			}
+			if sc.backendRunning[j.plan.backend]+k > sc.clusterSlots[j.plan.backend] || sc.running+k > sc.limits.MaxRunning {
+				continue
+			}
+		}
 		if sc.waitingLocked(j.plan.backend) {
 			continue // a sub-agent waits for this backend's next slot
 		}
@@ -335,8 +363,9 @@ func (sc *scheduler) pick() *job {
 		if r.window > 0 && j.ep.rec.GroupIndex == 0 && r.started > 0 && r.started+len(j.ep.group.members) > r.window {
 			continue
 		}
-		r.queue[0] = nil
-		r.queue = r.queue[1:]
+		jobs := slices.Clone(r.queue[:k])
+		clear(r.queue[:k])
+		r.queue = r.queue[k:]
 		if len(r.queue) == 0 {
 			sc.active = slices.Delete(sc.active, idx, idx+1) // zeroes the tail: no stale reference
 			sc.next = idx
@@ -348,13 +377,21 @@ func (sc *scheduler) pick() *job {
 		} else {
 			sc.next = 0
 		}
-		sc.queued--
-		sc.running++
-		r.started++
+		sc.queued -= k
+		sc.running += k
+		r.started += k
 		sc.syncCountsLocked()
-		sc.backendRunning[j.plan.backend]++
-		sc.addDemandLocked(j, -1)
-		return j
+		sc.backendRunning[j.plan.backend] += k
+		for _, x := range jobs {
+			sc.addDemandLocked(x, -1)
+		}
+		if sc.clusterSlots != nil && j.groupItem() {
+			b := &jobBatch{jobs: jobs}
+			for _, x := range jobs {
+				x.batch = b
+			}
+		}
+		return jobs
 	}
 	return nil
 }
@@ -516,11 +553,13 @@ func (sc *scheduler) run(ctx context.Context) {
 		case <-sc.wake:
 		}
 		for {
-			j := sc.pick()
-			if j == nil {
+			jobs := sc.pick()
+			if len(jobs) == 0 {
 				break
 			}
-			sc.start(j)
+			for _, j := range jobs {
+				sc.start(j)
+			}
 		}
 		signal(sc.sizeWake)
 	}

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,6 +97,9 @@ type worker struct {
 	episodesTotal *prometheus.CounterVec
 	infraTotal    prometheus.Counter
 	free          chan struct{} // one token per free slot
+	// reserving counts the group items taking their slots: the fetch loop
+	// takes no work meanwhile.
+	reserving atomic.Int32
 
 	// instance tells this process from another of the same ID (its
 	// answers to pings carry it).
@@ -143,6 +147,9 @@ type attempt struct {
 	// versionAt is 1 + the index of the version of the episode's first
 	// turn in its rollout's versions, 0 before it (under worker.mu).
 	versionAt int
+	// prefix is the group's prefix the episode forks from (a group item
+	// of a task with a prefix), else nil.
+	prefix *agent.PrefixGroup
 }
 
 // RunWorker runs a cluster worker until ctx ends: it pulls work items of
@@ -260,6 +267,11 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 		case <-ctx.Done():
 			continue
 		case <-w.free:
+		}
+		if w.reserving.Load() > 0 {
+			w.free <- struct{}{} // a group takes the slots that free up
+			time.Sleep(20 * time.Millisecond)
+			continue
 		}
 		n := 1
 	more:
@@ -600,9 +612,13 @@ func (w *worker) claim(ctx context.Context, id string, msg jetstream.Msg) (clust
 // handle claims, runs and reports one work item.
 func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 	var item cluster.WorkItem
-	if err := json.Unmarshal(msg.Data(), &item); err != nil || item.EpisodeID == "" {
+	if err := json.Unmarshal(msg.Data(), &item); err != nil || item.EpisodeID == "" && len(item.Members) == 0 {
 		w.log.Error("worker: a work item that is not one; dropped", "subject", msg.Subject(), "err", err)
 		msg.Term()
+		return
+	}
+	if len(item.Members) > 0 {
+		w.handleGroup(ctx, msg, item)
 		return
 	}
 	rep, err := w.claim(ctx, item.EpisodeID, msg)
@@ -619,7 +635,196 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 		msg.Ack()
 		return
 	}
+	defer w.keep(ctx, msg)()
+	switch w.attempt(ctx, msg, item, rep, nil) {
+	case cluster.ActionAck:
+		if err := msg.DoubleAck(ctx); err != nil {
+			w.log.Warn("worker: acking a stored episode's item", "episode", item.EpisodeID, "err", err)
+		}
+	case cluster.ActionRetry:
+		msg.NakWithDelay(200 * time.Millisecond)
+	}
+	// ActionDrop: the coordinator decided the episode without this attempt
+	// (taken for lost): the item is no longer this worker's. "": the end
+	// could not be published: the item is left for redelivery.
+}
+
+// keep keeps msg's item this worker's (InProgress) until the returned
+// function is called.
+func (w *worker) keep(ctx context.Context, msg jetstream.Msg) func() {
+	keep, stop := context.WithCancel(ctx)
+	go func() {
+		t := time.NewTicker(cluster.AckWait / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-keep.Done():
+				return
+			case <-t.C:
+				msg.InProgress()
+			}
+		}
+	}()
+	return stop
+}
+
+// groupSlotWait is how long a worker waits for the slots of a group item
+// before it leaves the item to a worker with room (or to itself later).
+const groupSlotWait = 3 * time.Second
+
+// handleGroup runs a group item: it takes a slot for each member (the
+// fetch took one), claims each member, runs those to run together (a
+// prefix task: the prefix once, each member in a fork of its sandbox),
+// reports each as an episode of its own, and acks the item once every
+// member is stored (naks it when one is to be retried).
+func (w *worker) handleGroup(ctx context.Context, msg jetstream.Msg, item cluster.WorkItem) {
+	n := len(item.Members)
+	if n > w.o.Slots {
+		w.log.Warn("worker: a group's work item needs a slot for each of its episodes, more than this worker's --slots; left to a worker with room",
+			"group", item.GroupID, "episodes", n, "slots", w.o.Slots)
+		msg.NakWithDelay(2 * time.Second)
+		return
+	}
+	// The fetch loop takes no work while a group reserves its slots.
+	w.reserving.Add(1)
+	held := 0
+	defer func() {
+		for range held {
+			w.free <- struct{}{}
+		}
+	}()
+	wait := time.NewTimer(groupSlotWait)
+	for held < n-1 {
+		select {
+		case <-w.free:
+			held++
+			continue
+		case <-wait.C:
+			w.log.Info("worker: no room for a group's work item yet; left for redelivery", "group", item.GroupID, "episodes", n, "free", held+1)
+			msg.NakWithDelay(250 * time.Millisecond)
+		case <-ctx.Done():
+			msg.Nak()
+		}
+		w.reserving.Add(-1)
+		wait.Stop()
+		return
+	}
+	w.reserving.Add(-1)
+	wait.Stop()
+	defer w.keep(ctx, msg)()
+	type member struct {
+		item cluster.WorkItem
+		rep  cluster.ClaimReply
+	}
+	var runs []member
+	ran := 0
+	for _, m := range item.Members {
+		rep, err := w.claim(ctx, m.EpisodeID, msg)
+		if err != nil {
+			msg.Nak()
+			return
+		}
+		switch rep.Decision {
+		case cluster.DecisionRun:
+			mi := item
+			mi.EpisodeID, mi.GroupIndex, mi.Members = m.EpisodeID, m.GroupIndex, nil
+			runs = append(runs, member{mi, rep})
+			ran = max(ran, rep.Attempt-1)
+		case cluster.DecisionWait:
+			msg.NakWithDelay(time.Second)
+			return
+		}
+	}
+	if len(runs) == 0 {
+		msg.DoubleAck(ctx) // every member has ended
+		return
+	}
+	g := &groupRun{item: item, sent: map[string]bool{}}
+	task := &agent.Task{}
+	if json.Unmarshal(item.Task, task) == nil && task.Prefix != nil {
+		// Runs are numbered by attempt: a group run again after a lost
+		// attempt names its prefix <group>.prefix.N, as one host does.
+		g.prefix = &agent.PrefixGroup{Name: item.GroupID, Size: len(runs), Dir: filepath.Join(w.o.DataDir, "prefixes"), Ran: ran}
+	}
+	actions := make([]string, len(runs))
+	var wg sync.WaitGroup
+	for i, m := range runs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			actions[i] = w.attempt(ctx, msg, m.item, m.rep, g)
+		}()
+	}
+	wg.Wait()
+	if g.prefix != nil {
+		g.prefix.Close()
+		w.sendPrefixes(ctx, g)
+	}
+	ack := true
+	for _, a := range actions {
+		switch a {
+		case cluster.ActionAck:
+		case cluster.ActionRetry:
+			ack = false
+		default:
+			return // dropped (taken for lost) or its end not published: not this worker's to settle
+		}
+	}
+	if !ack {
+		msg.NakWithDelay(200 * time.Millisecond) // the members to retry run again; the stored ones are skipped
+		return
+	}
+	if err := msg.DoubleAck(ctx); err != nil {
+		w.log.Warn("worker: acking a stored group's item", "group", item.GroupID, "err", err)
+	}
+}
+
+// groupRun is a group item being run: its prefix (nil for none) and the
+// prefix records sent to the coordinator.
+type groupRun struct {
+	item   cluster.WorkItem
+	prefix *agent.PrefixGroup
+	mu     sync.Mutex
+	sent   map[string]bool
+}
+
+// sendPrefixes publishes the group's prefix records that have ended and
+// were not sent yet (KindPrefix): the coordinator keeps them under
+// DATA/prefixes. Each is removed here once JetStream has it.
+func (w *worker) sendPrefixes(ctx context.Context, g *groupRun) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	dir := filepath.Join(w.o.DataDir, "prefixes")
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		name := e.Name()
+		id, ok := strings.CutSuffix(name, ".json")
+		if !ok || !strings.HasPrefix(id, g.item.GroupID+".prefix") || g.sent[id] {
+			continue
+		}
+		doc, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			continue
+		}
+		pa := &attempt{item: cluster.WorkItem{EpisodeID: id, RolloutID: g.item.RolloutID}, subject: cluster.JournalSubject(id)}
+		if err := w.publish(ctx, pa, cluster.KindPrefix, -1, bytes.TrimSuffix(doc, []byte{'\n'})); err != nil {
+			w.log.Warn("worker: sending a prefix's record", "prefix", id, "err", err)
+			continue
+		}
+		g.sent[id] = true
+		os.Remove(filepath.Join(dir, name))
+	}
+}
+
+// attempt runs a claimed episode (a member of g's group, or alone when g
+// is nil), streams its journal, publishes its end and waits until the
+// coordinator has stored it; it returns the coordinator's action (ack,
+// retry, drop), or "" when the end could not be published.
+func (w *worker) attempt(ctx context.Context, msg jetstream.Msg, item cluster.WorkItem, rep cluster.ClaimReply, g *groupRun) string {
 	a := &attempt{item: item, msg: msg, number: rep.Attempt, subject: cluster.JournalSubject(item.EpisodeID)}
+	if g != nil {
+		a.prefix = g.prefix
+	}
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	a.cancel = cancel
@@ -635,21 +840,6 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 		delete(w.stored, item.EpisodeID)
 		w.mu.Unlock()
 	}()
-	// Keep the item ours while it runs.
-	keep, stopKeep := context.WithCancel(ctx)
-	defer stopKeep()
-	go func() {
-		t := time.NewTicker(cluster.AckWait / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-keep.Done():
-				return
-			case <-t.C:
-				msg.InProgress()
-			}
-		}
-	}()
 	done, reason := w.run(actx, a)
 	switch {
 	case done.InfraFailure:
@@ -658,6 +848,9 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 		w.episodesTotal.WithLabelValues(reason).Inc()
 	default:
 		w.episodesTotal.WithLabelValues(trajectory.EndSandboxError).Inc()
+	}
+	if g != nil && g.prefix != nil {
+		w.sendPrefixes(ctx, g) // before the member's end: stored with the group's first end
 	}
 	body, _ := json.Marshal(done)
 	var extra []string
@@ -671,28 +864,15 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 		a.seqMu.Unlock()
 		if err := w.publish(ctx, a, cluster.KindDone, lines, body, extra...); err != nil {
 			w.log.Error("worker: publishing an episode's end failed; the item is left for redelivery", "episode", item.EpisodeID, "err", err)
-			return
+			return ""
 		}
 		select {
 		case st := <-storedCh:
 			if st.Attempt != a.number {
 				continue
 			}
-			switch st.Action {
-			case cluster.ActionAck:
-				if err := msg.DoubleAck(ctx); err != nil {
-					w.log.Warn("worker: acking a stored episode's item", "episode", item.EpisodeID, "err", err)
-				}
-				os.Remove(filepath.Join(w.o.DataDir, item.EpisodeID+".json"))
-			case cluster.ActionRetry:
-				msg.NakWithDelay(200 * time.Millisecond)
-				os.Remove(filepath.Join(w.o.DataDir, item.EpisodeID+".json"))
-			case cluster.ActionDrop:
-				// The coordinator decided the episode without this attempt
-				// (taken for lost): the item is no longer this worker's.
-				os.Remove(filepath.Join(w.o.DataDir, item.EpisodeID+".json"))
-			}
-			return
+			os.Remove(filepath.Join(w.o.DataDir, item.EpisodeID+".json"))
+			return st.Action
 		case <-time.After(5 * time.Second):
 			// The coordinator may have restarted: say it again.
 		}
@@ -719,6 +899,7 @@ func (w *worker) run(ctx context.Context, a *attempt) (cluster.Done, string) {
 		return cluster.Done{Error: fmt.Sprintf("the work item's episode id %q is not %q", item.EpisodeID, cfg.EpisodeID)}, ""
 	}
 	cfg.NewSandbox = w.sandboxes.create
+	cfg.Prefix = a.prefix
 	// A record a dead predecessor in this --data left of the episode is
 	// not this attempt's (its Done would send it).
 	os.Remove(filepath.Join(w.o.DataDir, item.EpisodeID+".json"))

@@ -140,6 +140,10 @@ const (
 	KindAsked = "asked"
 	// KindDone: the attempt ended; the body is a Done.
 	KindDone = "done"
+	// KindPrefix: the final document of the prefix episode a group item
+	// ran (HeaderEpisode is the prefix's id, <group>.prefix[.N]); the
+	// coordinator keeps it under DATA/prefixes as one host does.
+	KindPrefix = "prefix"
 )
 
 // Claim decisions and stored actions.
@@ -193,9 +197,12 @@ func PingSubject(worker string) string { return PingSubjectPrefix + worker }
 // StoredSubject is where the coordinator tells a worker an attempt is stored.
 func StoredSubject(worker string) string { return StoredSubjectPrefix + worker }
 
-// WorkItem is one admitted episode to run.
+// WorkItem is one admitted episode to run, or (Members set) a group of
+// episodes one worker runs together: a task with a prefix, whose episodes
+// fork from the one sandbox that ran it.
 type WorkItem struct {
-	EpisodeID  string `json:"episode_id"`
+	// EpisodeID and GroupIndex name the episode (empty for a group item).
+	EpisodeID  string `json:"episode_id,omitempty"`
 	RolloutID  string `json:"rollout_id"`
 	GroupID    string `json:"group_id"`
 	GroupIndex int    `json:"group_index"`
@@ -220,7 +227,26 @@ type WorkItem struct {
 	// episode whose first turn was sampled under a version more than this
 	// many announcements old ends cancelled, as on one host.
 	MaxStaleness *int `json:"max_staleness,omitempty"`
+	// Members, on a group item (subject GroupWorkSubject, msg id
+	// GroupMsgID), are the group's episodes still to run: the worker takes
+	// a slot for each (or leaves the item to a worker with room), claims
+	// each as an episode of its own, runs them with the single-host engine
+	// (the prefix once, each member a fork of it), journals each, and acks
+	// the item once every member is stored.
+	Members []Member `json:"members,omitempty"`
 }
+
+// Member is one episode of a group item.
+type Member struct {
+	EpisodeID  string `json:"episode_id"`
+	GroupIndex int    `json:"group_index"`
+}
+
+// GroupWorkSubject is the subject of a group item.
+func GroupWorkSubject(backend, groupID string) string { return WorkSubject(backend, "group:"+groupID) }
+
+// GroupMsgID is a group item's JetStream msg id.
+func GroupMsgID(groupID string) string { return "group:" + groupID }
 
 // Policy is the rollout's policy as the worker calls it. The API key is
 // the worker's own (its environment), never sent on the wire.

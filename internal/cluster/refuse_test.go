@@ -6,17 +6,15 @@ import (
 )
 
 // TestACoordinatorRefusesWhatOneWorkerCannotHoldWithTheReason: a rollout
-// with a prefix task or an orchestrator task is a 400 on a coordinator,
-// naming the field and saying why (the group, or the tree, must run on one
-// host), and pointing to a single-host service.
+// with an orchestrator task is a 400 on a coordinator, naming the field
+// and saying why (the tree must run on one host), and pointing to a
+// single-host service. (A prefix task runs as a group item:
+// TestAPrefixRolloutOverWorkersMatchesOneHost.)
 func TestACoordinatorRefusesWhatOneWorkerCannotHoldWithTheReason(t *testing.T) {
 	pol := scripted(0)
 	defer pol.Close()
 	ns := startNATS(t, "", 0)
 	coord := startService(t, "", ns.url)
-	prefix := exactTasks(1)[0]
-	prefix["prefix"] = map[string]any{"turns": []any{map[string]any{"tool_calls": []any{
-		map[string]any{"name": "bash", "arguments": map[string]any{"command": "echo prefix >> /work/n"}}}}}}
 	orch := exactTasks(1)[0]
 	orch["orchestrator"] = map[string]any{"subagent_policy": map[string]any{"base_url": pol.URL(), "model": "frozen"}, "max_parallel": 3}
 	orch["reward"] = map[string]any{"type": "parl", "perf": map[string]any{"type": "exact", "answer": "a"},
@@ -26,7 +24,6 @@ func TestACoordinatorRefusesWhatOneWorkerCannotHoldWithTheReason(t *testing.T) {
 		field string
 		why   string
 	}{
-		{prefix, "tasks[0].prefix", "fork from the one sandbox that ran the prefix"},
 		{orch, "tasks[0].orchestrator", "its sub-agents"},
 	} {
 		var e struct {

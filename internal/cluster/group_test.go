@@ -1,0 +1,301 @@
+package cluster_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rollbox/rollbox/agent"
+	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/internal/fakepolicy"
+	"github.com/rollbox/rollbox/runtime"
+)
+
+// prefixTasks are exactTasks(n) whose even tasks have a prefix (one
+// scripted turn appending "prefix" to /work/n, which the scripted policy
+// then reads): their groups run as group items, the odd tasks' episodes
+// as single items beside them.
+func prefixTasks(n int) []map[string]any {
+	tasks := exactTasks(n)
+	for i, t := range tasks {
+		if i%2 == 0 {
+			t["prefix"] = map[string]any{"turns": []any{map[string]any{"content": "setting up", "tool_calls": []any{
+				map[string]any{"name": "bash", "arguments": map[string]any{"command": "echo prefix >> /work/n"}}}}}}
+		}
+	}
+	return tasks
+}
+
+// shape is what of an episode's record must be the same on every host
+// beyond its outcome: where it forked from and its steps (type, tool,
+// output), rollout ids stripped.
+func shape(tr *trajectory.Trajectory) string {
+	var b strings.Builder
+	if f := tr.ForkedFrom; f != nil {
+		fmt.Fprintf(&b, "forked_from %s step %d; ", strings.TrimPrefix(f.EpisodeID, tr.RolloutID+"."), f.Step)
+	}
+	for _, s := range tr.Steps {
+		fmt.Fprintf(&b, "[%s %s %q %q]", s.Type, s.Name, s.Content, s.Output)
+	}
+	return b.String()
+}
+
+func shapes(ts []*trajectory.Trajectory) map[string]string {
+	out := map[string]string{}
+	for _, tr := range ts {
+		out[strings.TrimPrefix(tr.EpisodeID, tr.RolloutID+".")] = shape(tr)
+	}
+	return out
+}
+
+// waitRecord waits (10 s at most) for a file and reads it as a record.
+func waitRecord(t *testing.T, path string) *trajectory.Trajectory {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		tr, err := trajectory.Read(path)
+		if err == nil {
+			return tr
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no record at %s: %v", path, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestAPrefixRolloutOverWorkersMatchesOneHost: a rollout whose tasks have
+// a prefix runs each group as one work item on one worker (a worker with
+// fewer slots than the group leaves it to one with room): the prefix runs
+// once, each episode is a fork of it, and the records (forked_from, the
+// steps), rewards and group statistics are those of the same rollout on
+// one host; the prefix's own record is kept under DATA/prefixes as one
+// host keeps it.
+func TestAPrefixRolloutOverWorkersMatchesOneHost(t *testing.T) {
+	t.Parallel() // its own NATS server, data directories and worker processes: it mostly waits on them
+	pol := prefixScript(0, nil)
+	defer pol.Close()
+	tasks, group := prefixTasks(4), 3
+
+	single := startService(t, "", "")
+	want := single.episodes(single.submit(rolloutRequest(pol.URL(), tasks, group, nil)), 2*time.Minute)
+
+	ns := startNATS(t, "", 0)
+	coord := startService(t, "", ns.url)
+	startWorker(t, ns.url, "big", "wasm", 4)
+	small := startWorker(t, ns.url, "small", "wasm", 2)
+	coord.waitWorkers(2)
+	id := coord.submit(rolloutRequest(pol.URL(), tasks, group, nil))
+	got := coord.episodes(id, 3*time.Minute)
+	compareOutcomes(t, outcomes(t, got), outcomes(t, want))
+	gs, ws := shapes(got), shapes(want)
+	for k, w := range ws {
+		if gs[k] != w {
+			t.Errorf("episode %s over workers:\n  %s\non one host:\n  %s", k, gs[k], w)
+		}
+	}
+	for _, tr := range got {
+		if strings.HasSuffix(tr.TaskID, "0") || strings.HasSuffix(tr.TaskID, "2") {
+			if tr.ForkedFrom == nil || tr.ForkedFrom.EpisodeID != tr.GroupID+".prefix" {
+				t.Errorf("episode %s: forked_from %+v, want the group's prefix %s.prefix", tr.EpisodeID, tr.ForkedFrom, tr.GroupID)
+			}
+			if len(tr.Steps) < 4 || !strings.Contains(tr.Steps[3].Output, "prefix") {
+				t.Errorf("episode %s does not see the prefix's file: %s", tr.EpisodeID, shape(tr))
+			}
+		}
+	}
+	for _, task := range []string{"t0", "t2"} {
+		pre := waitRecord(t, filepath.Join(coord.data, "prefixes", id+"."+task+".prefix.json"))
+		if pre.Termination == nil || !strings.Contains(pre.Termination.Message, "prefix done: 3 episodes") || len(pre.Steps) != 2 {
+			t.Errorf("prefix %s: %+v with %d steps, want ended \"prefix done: 3 episodes …\" after its 2 steps", pre.EpisodeID, pre.Termination, len(pre.Steps))
+		}
+	}
+	if log := small.logText(); strings.Contains(log, "group") && !strings.Contains(log, "more than this worker's --slots") {
+		t.Errorf("the small worker took a group item without the reason:\n%s", log)
+	}
+	var st struct {
+		State        string `json:"state"`
+		EpisodesDone int    `json:"episodes_done"`
+		InfraRetries int    `json:"infra_retries"`
+	}
+	coord.do("GET", "/v1/rollouts/"+id, nil, &st)
+	if st.State != "done" || st.EpisodesDone != len(tasks)*group || st.InfraRetries != 0 {
+		t.Errorf("rollout %s: %+v, want done with %d episodes, no infra retry", id, st, len(tasks)*group)
+	}
+}
+
+// prefixScript answers like scripted, one turn later: a prefix task's
+// episodes start after the prefix's turn, so each asks the policy twice
+// (cat, then finish); the other tasks cat twice, then finish.
+func prefixScript(latency time.Duration, fault func(int64, *fakepolicy.Request) fakepolicy.Fault) *fakepolicy.Server {
+	cat := fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "bash", Arguments: `{"command":"cat /work/n"}`}}}
+	return mustPolicy(fakepolicy.Config{Latency: latency, Fault: fault, Responder: fakepolicy.Script(cat, cat,
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "finish", Arguments: `{"answer":"a"}`}}})})
+}
+
+// TestAWorkerKilledMidGroup: SIGKILL of the worker running a prefix group
+// (1) before any member asked the policy (the prefix's open is held on a
+// FIFO workspace): the group is redelivered whole and runs on another
+// worker, to the ends it would have had, each lost attempt kept as an
+// infrastructure attempt; (2) after every member asked: each ends
+// cancelled, interrupted, with its partial journal, once, and nothing runs
+// again; (3) the same with retry_interrupted: the group runs again.
+func TestAWorkerKilledMidGroup(t *testing.T) {
+	top := t
+	var natsURL string
+	workers := map[string]*worker{}
+	start := func(id string, slots int) *worker {
+		w := startWorker(top, natsURL, id, "wasm", slots)
+		workers[id] = w
+		return w
+	}
+	dir := t.TempDir()
+	ws := filepath.Join(dir, "ws.tar")
+	if err := syscall.Mkfifo(ws, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gate, err := agent.ParseTask([]byte(fmt.Sprintf(`{"id": "gate", "prompt": "Answer.", "sandbox": {"backend": "wasm"},
+		"files": {"/work/n": "1"}, "workspace": {"from": %q, "to": "/work/ws"}, "tools": ["bash", "finish"],
+		"reward": {"type": "exact", "answer": "a"},
+		"prefix": {"turns": [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo prefix >> /work/n"}}]}]}}`, ws)), dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tarball bytes.Buffer
+	tw := tar.NewWriter(&tarball)
+	tw.WriteHeader(&tar.Header{Name: "x", Mode: 0o644, Size: 1, Typeflag: tar.TypeReg})
+	tw.Write([]byte("x"))
+	tw.Close()
+	ns := startNATS(t, "", 0)
+	natsURL = ns.url
+	coord := startService(t, "", ns.url, func(o *runtime.Options) { o.Catalog = []*agent.Task{gate} })
+	const group = 3
+	submit := func(pol *fakepolicy.Server, extra map[string]any) string {
+		req := map[string]any{"tasks": []any{map[string]any{"id": "gate"}}, "group_size": group,
+			"policy": map[string]any{"base_url": pol.URL(), "model": "fake-model"}}
+		for k, v := range extra {
+			req[k] = v
+		}
+		return coord.submit(req)
+	}
+	finished := func(t *testing.T, tr *trajectory.Trajectory, prefix string) {
+		t.Helper()
+		if tr.Termination.Reason != trajectory.EndFinished || tr.Reward == nil || tr.Reward.Total == nil || *tr.Reward.Total != 1 ||
+			tr.ForkedFrom == nil || tr.ForkedFrom.EpisodeID != tr.GroupID+prefix {
+			t.Errorf("episode %s: %+v reward %+v forked_from %+v, want finished with reward 1, forked from %s%s",
+				tr.EpisodeID, tr.Termination, tr.Reward, tr.ForkedFrom, tr.GroupID, prefix)
+		}
+	}
+
+	t.Run("before any member asked, the group runs again elsewhere", func(t *testing.T) {
+		pol := prefixScript(0, nil)
+		defer pol.Close()
+		wA := start("wA", group)
+		coord.waitWorkers(1)
+		id := submit(pol, nil)
+		coord.waitRunning("wA", group)
+		wA.kill()
+		start("wB", group)
+		go func() {
+			f, err := os.OpenFile(ws, os.O_WRONLY, 0) // blocks until wB reads
+			if err == nil {
+				f.Write(tarball.Bytes())
+				f.Close()
+			}
+		}()
+		got := coord.episodes(id, time.Minute)
+		if len(got) != group {
+			t.Fatalf("%d episodes, want %d", len(got), group)
+		}
+		for _, tr := range got {
+			finished(t, tr, ".prefix.2") // the prefix's second run
+			kept, err := trajectory.Read(filepath.Join(coord.data, "attempts", tr.EpisodeID+".1.json"))
+			if err != nil || !strings.Contains(kept.Termination.Message, "wA") {
+				t.Errorf("the lost attempt of %s is not kept naming wA: %v", tr.EpisodeID, err)
+			}
+		}
+		if pol.Calls() != 2*group {
+			t.Errorf("the policy was called %d times, want %d (the lost attempts asked nothing)", pol.Calls(), 2*group)
+		}
+		var st struct {
+			InfraRetries int `json:"infra_retries"`
+		}
+		coord.do("GET", "/v1/rollouts/"+id, nil, &st)
+		if st.InfraRetries != group {
+			t.Errorf("infra_retries %d, want %d", st.InfraRetries, group)
+		}
+	})
+	// From here the workspace is a plain archive: the open goes through.
+	os.Remove(ws)
+	if err := os.WriteFile(ws, tarball.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		name         string
+		retry        bool
+		victim, next string
+	}{
+		{"after every member asked, each ends cancelled and interrupted with its partial journal, once", false, "wB", "wC"},
+		{"after every member asked, with retry_interrupted the group runs again", true, "wC", "wD"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Every member's second call is held.
+			blocked, held := make(chan struct{}, 16), make(chan struct{})
+			var once sync.Once
+			release := func() { once.Do(func() { close(held) }) }
+			defer release()
+			pol := prefixScript(0, func(_ int64, req *fakepolicy.Request) fakepolicy.Fault {
+				if req.AssistantTurns() >= 2 {
+					select {
+					case <-held:
+					default:
+						blocked <- struct{}{}
+						<-held
+					}
+				}
+				return fakepolicy.Fault{}
+			})
+			defer pol.Close()
+			coord.waitWorkers(1)
+			extra := map[string]any{}
+			if tc.retry {
+				extra["retry_interrupted"] = true
+			}
+			id := submit(pol, extra)
+			for range group {
+				<-blocked
+			}
+			workers[tc.victim].kill()
+			release()
+			start(tc.next, group)
+			got := coord.episodes(id, time.Minute)
+			if len(got) != group {
+				t.Fatalf("%d episodes, want %d", len(got), group)
+			}
+			for _, tr := range got {
+				if tc.retry {
+					finished(t, tr, ".prefix.2")
+					continue
+				}
+				if tr.Termination.Reason != trajectory.EndCancelled || !tr.Termination.Interrupted || tr.Reward != nil && tr.Reward.Total != nil || len(tr.Steps) != 4 {
+					t.Errorf("episode %s: %+v reward %+v, %d steps; want cancelled, interrupted, unscored, with the prefix's 2 steps and its first turn's 2",
+						tr.EpisodeID, tr.Termination, tr.Reward, len(tr.Steps))
+				}
+			}
+			if !tc.retry && pol.Calls() != 2*group {
+				t.Errorf("the policy was called %d times, want %d (no re-run)", pol.Calls(), 2*group)
+			}
+			if tc.retry && pol.Calls() != 4*group {
+				t.Errorf("the policy was called %d times, want %d (each member twice per run)", pol.Calls(), 4*group)
+			}
+		})
+	}
+}
