@@ -100,6 +100,7 @@ type worker struct {
 	// reserving counts the group items taking their slots: the fetch loop
 	// takes no work meanwhile.
 	reserving atomic.Int32
+	groupMu   sync.Mutex // held by the group item reserving its slots
 
 	// instance tells this process from another of the same ID (its
 	// answers to pings carry it).
@@ -685,7 +686,14 @@ func (w *worker) handleGroup(ctx context.Context, msg jetstream.Msg, item cluste
 		msg.NakWithDelay(2 * time.Second)
 		return
 	}
-	// The fetch loop takes no work while a group reserves its slots.
+	// One group reserves its slots at a time, and the fetch loop takes no
+	// work meanwhile; a group that finds another reserving leaves its item
+	// at once, so that the slot its fetch took goes to that one (two groups
+	// each holding part of the slots would wait on each other).
+	if !w.groupMu.TryLock() {
+		msg.NakWithDelay(250 * time.Millisecond)
+		return
+	}
 	w.reserving.Add(1)
 	held := 0
 	defer func() {
@@ -706,10 +714,12 @@ func (w *worker) handleGroup(ctx context.Context, msg jetstream.Msg, item cluste
 			msg.Nak()
 		}
 		w.reserving.Add(-1)
+		w.groupMu.Unlock()
 		wait.Stop()
 		return
 	}
 	w.reserving.Add(-1)
+	w.groupMu.Unlock()
 	wait.Stop()
 	defer w.keep(ctx, msg)()
 	type member struct {
