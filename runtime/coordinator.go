@@ -678,6 +678,10 @@ func (c *coordinator) onJournal(msg jetstream.Msg) {
 		return
 	}
 	switch kind {
+	case cluster.KindSubagent:
+		c.mu.Unlock()
+		c.keepSubagent(id, h.Get(cluster.HeaderSubagent), msg.Data())
+		msg.Ack()
 	case cluster.KindAsked:
 		d.claim.Asked = true
 		cl := d.claim
@@ -761,6 +765,26 @@ func (c *coordinator) keepPrefix(id, rolloutID string, doc []byte) {
 	}
 	if err != nil {
 		s.log.Error("cluster: keeping a prefix's record", "prefix", id, "err", err)
+	}
+}
+
+// keepSubagent stores the record of a sub-agent of orchestrator episode
+// id (the current attempt's) beside the episode's record, where one host
+// writes it (DATA/episodes/subagents/).
+func (c *coordinator) keepSubagent(id, sub string, doc []byte) {
+	s := c.s
+	rest, ok := strings.CutPrefix(sub, id+".s")
+	if !ok || rest == "" || strings.ContainsAny(sub, `/\`) || !filepath.IsLocal(sub) {
+		s.log.Warn("cluster: a sub-agent record of another episode; dropped", "episode", id, "subagent", sub)
+		return
+	}
+	dir := filepath.Join(s.st.episodesDir, agent.SubagentsDir)
+	err := os.MkdirAll(dir, 0o755)
+	if err == nil {
+		err = trajectory.WriteDocument(filepath.Join(dir, sub+".json"), doc)
+	}
+	if err != nil {
+		s.log.Error("cluster: keeping a sub-agent's record", "subagent", sub, "err", err)
 	}
 }
 
@@ -1062,24 +1086,14 @@ func (s *Server) clusterTasks(tasks []*agent.Task) ([]clusterTask, error) {
 	return out, nil
 }
 
-// clusterRefuses refuses, on a coordinator, what its workers cannot run
-// yet: orchestrator tasks (the tree runs on one host: its sub-agents share
-// the scheduler's slots, and a work item is one episode or one prefix
-// group). A task with a prefix runs as a group item (one worker runs the
-// group).
-func (s *Server) clusterRefuses(req *RolloutRequest, tasks []*agent.Task) error {
-	if s.coord == nil {
-		if req.RetryInterrupted {
-			return badField("retry_interrupted", "only a cluster coordinator (rollbox serve --cluster) loses attempts with their workers")
-		}
-		return nil
-	}
-	for i, t := range tasks {
-		if t.Orchestrator != nil {
-			return badField(fmt.Sprintf("tasks[%d].orchestrator", i), "orchestrator tasks do not run on a cluster coordinator (rollbox serve --cluster) yet: "+
-				"the tree (the orchestrator and its sub-agents, which share one host's slots, and their records) runs on one host, "+
-				"and a work item is one episode or one prefix group; submit it to a single-host rollbox serve (docs/scale-out.md)")
-		}
+// clusterRefuses refuses what this service cannot run: retry_interrupted
+// on a single host (no attempt is lost with a worker there). A coordinator
+// runs every task over its workers: a prefix task's group as one group
+// item, an orchestrator episode as one item whose sub-agents run on its
+// worker within the worker's slots.
+func (s *Server) clusterRefuses(req *RolloutRequest, _ []*agent.Task) error {
+	if s.coord == nil && req.RetryInterrupted {
+		return badField("retry_interrupted", "only a cluster coordinator (rollbox serve --cluster) loses attempts with their workers")
 	}
 	return nil
 }

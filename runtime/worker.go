@@ -826,6 +826,95 @@ func (w *worker) sendPrefixes(ctx context.Context, g *groupRun) {
 	}
 }
 
+// sendSubagents publishes the records of the sub-agents an orchestrator
+// attempt ran (KindSubagent), for the coordinator to keep beside the
+// episode's record; each is removed here once JetStream has it.
+func (w *worker) sendSubagents(ctx context.Context, a *attempt) {
+	dir := filepath.Join(w.o.DataDir, agent.SubagentsDir)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		id, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || !strings.HasPrefix(id, a.item.EpisodeID+".s") {
+			continue
+		}
+		doc, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		if err := w.publish(ctx, a, cluster.KindSubagent, -1, bytes.TrimSuffix(doc, []byte{'\n'}), cluster.HeaderSubagent, id); err != nil {
+			w.log.Warn("worker: sending a sub-agent's record", "subagent", id, "err", err)
+			continue
+		}
+		os.Remove(filepath.Join(dir, e.Name()))
+	}
+}
+
+// workerSlots are a worker's slots as an orchestrator's sub-agents take
+// them (agent.Slots): the fetch loop takes no work while one waits.
+type workerSlots struct{ w *worker }
+
+func (s workerSlots) Acquire(ctx context.Context, _ string) error {
+	s.w.reserving.Add(1)
+	defer s.w.reserving.Add(-1)
+	select {
+	case <-s.w.free:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s workerSlots) Release(string) { s.w.free <- struct{}{} }
+
+// subagentPolicy is an orchestrator task's frozen sub-agent policy as the
+// worker calls it (the coordinator checked the object at admission): its
+// own client behind the endpoint's cap, with its own sampling.
+func (w *worker) subagentPolicy(t *agent.Task) (subagentPolicy, error) {
+	var pr PolicyRequest
+	if err := json.Unmarshal(t.Orchestrator.SubagentPolicy, &pr); err != nil {
+		return subagentPolicy{}, err
+	}
+	var sampling agent.Sampling
+	if len(pr.Sampling) > 0 {
+		if err := json.Unmarshal(pr.Sampling, &sampling); err != nil {
+			return subagentPolicy{}, err
+		}
+	}
+	retries := openai.DefaultMaxRetries
+	if pr.MaxRetries != nil {
+		retries = *pr.MaxRetries
+		if retries == 0 {
+			retries = -1
+		}
+	}
+	ep := w.endpoints.get(pr.BaseURL)
+	cfg := openai.Config{BaseURL: pr.BaseURL, Model: pr.Model, APIKey: w.o.PolicyAPIKey, MaxRetries: retries,
+		Timeout: time.Duration(pr.TimeoutS * float64(time.Second)), HTTPClient: ep.client, TokenizeURL: pr.TokenizeURL}
+	sj, _ := json.Marshal(sampling)
+	info := trajectory.Policy{Kind: "openai", Endpoint: pr.BaseURL, Model: strings.TrimSpace(pr.Model), Sampling: sj}
+	var p agent.Policy
+	if pr.Mode == trajectory.ModeTokens {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		tp, err := openai.NewTokens(ctx, cfg)
+		if err != nil {
+			return subagentPolicy{}, fmt.Errorf("token mode: %w", err)
+		}
+		tok := tp.Tokenizer()
+		p, info.Mode, info.Tokenizer = tp, trajectory.ModeTokens, &tok
+	} else {
+		cp, err := openai.New(cfg)
+		if err != nil {
+			return subagentPolicy{}, err
+		}
+		p = cp
+	}
+	return subagentPolicy{policy: &sampledPolicy{inner: &gatedPolicy{inner: p, ep: ep, metrics: w.metrics}, sampling: sampling}, info: info}, nil
+}
+
 // attempt runs a claimed episode (a member of g's group, or alone when g
 // is nil), streams its journal, publishes its end and waits until the
 // coordinator has stored it; it returns the coordinator's action (ack,
@@ -862,6 +951,7 @@ func (w *worker) attempt(ctx context.Context, msg jetstream.Msg, item cluster.Wo
 	if g != nil && g.prefix != nil {
 		w.sendPrefixes(ctx, g) // before the member's end: stored with the group's first end
 	}
+	w.sendSubagents(ctx, a) // before the episode's end: its record names them
 	body, _ := json.Marshal(done)
 	var extra []string
 	if doc := w.finalDocument(item.EpisodeID); doc != nil {
@@ -924,6 +1014,17 @@ func (w *worker) run(ctx context.Context, a *attempt) (cluster.Done, string) {
 	cfg.Judges = w.judges
 	cfg.TrainStep = item.TrainStep
 	cfg.Journal = func(line []byte) error { return w.publishLine(ctx, a, line) }
+	if task.Orchestrator != nil {
+		// The tree runs here: its sub-agents take this worker's slots (a
+		// waiting orchestrator lends its own), as one host's scheduler's.
+		sp, err := w.subagentPolicy(task)
+		if err != nil {
+			return cluster.Done{Error: fmt.Sprintf("worker %s: the sub-agent policy: %v", w.o.ID, err)}, ""
+		}
+		cfg.Subagents = &agent.Subagents{Slots: workerSlots{w}, Policy: func(*agent.Task) (agent.Policy, trajectory.Policy, error) {
+			return sp.policy, sp.info, nil
+		}}
+	}
 	switch {
 	case w.o.ConfigureEpisode != nil:
 		if err := w.o.ConfigureEpisode(&cfg, item.Index); err != nil {

@@ -299,3 +299,78 @@ func TestAWorkerKilledMidGroup(t *testing.T) {
 		})
 	}
 }
+
+// parlTasks are n WASM orchestrator tasks: the frozen sub-agents are
+// served by sub, the reward is PARL's over an exact answer "done".
+func parlTasks(n int, sub *fakepolicy.Server) []map[string]any {
+	tasks := exactTasks(n)
+	for _, t := range tasks {
+		t["orchestrator"] = map[string]any{"subagent_policy": map[string]any{"base_url": sub.URL(), "model": "frozen"}, "max_parallel": 3}
+		t["reward"] = map[string]any{"type": "parl", "perf": map[string]any{"type": "exact", "answer": "done"},
+			"lambda_parallel": 0.5, "lambda_finish": 0.5, "parallel_cap": 3, "anneal": map[string]any{"schedule": "cosine", "steps": 100}}
+	}
+	return tasks
+}
+
+// TestAPARLRolloutOverWorkersMatchesOneHost: orchestrator (PARL) episodes
+// run over workers, each tree on one worker: its sub-agents take that
+// worker's slots (two slots for orchestrators of three sub-agents each:
+// a waiting orchestrator lends its own), and the records (the tree, the
+// critical and total steps, the annealed reward), group statistics and
+// the sub-agents' own records, kept beside the episodes' as on one host,
+// are those of the same rollout on one host.
+func TestAPARLRolloutOverWorkersMatchesOneHost(t *testing.T) {
+	t.Parallel() // its own NATS server, data directories and worker processes: it mostly waits on them
+	orch := mustPolicy(fakepolicy.Config{Responder: fakepolicy.Script(
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "spawn_subagents", Arguments: `{"tasks": [{"prompt": "look at a"}, {"prompt": "look at b"}, {"prompt": "look at c"}]}`}}},
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "finish", Arguments: `{"answer": "done"}`}}})})
+	defer orch.Close()
+	sub := mustPolicy(fakepolicy.Config{Responder: fakepolicy.BashThenFinish(1)})
+	defer sub.Close()
+	tasks, group := parlTasks(2, sub), 2
+	extra := map[string]any{"train_step": 50}
+
+	single := startService(t, "", "")
+	want := single.episodes(single.submit(rolloutRequest(orch.URL(), tasks, group, extra)), 2*time.Minute)
+	subCalls := sub.Calls()
+
+	ns := startNATS(t, "", 0)
+	coord := startService(t, "", ns.url)
+	startWorker(t, ns.url, "w1", "wasm", 2)
+	coord.waitWorkers(1)
+	id := coord.submit(rolloutRequest(orch.URL(), tasks, group, extra))
+	got := coord.episodes(id, 3*time.Minute)
+	compareOutcomes(t, outcomes(t, got), outcomes(t, want))
+	tree := func(tr *trajectory.Trajectory) string {
+		s := fmt.Sprintf("reward %v; ", tr.Reward.Components)
+		if tr.Stats.CriticalSteps != nil && tr.Stats.TotalSteps != nil {
+			s += fmt.Sprintf("critical %d total %d; ", *tr.Stats.CriticalSteps, *tr.Stats.TotalSteps)
+		}
+		for _, sa := range tr.Subagents {
+			s += fmt.Sprintf("[%s %s %s useful=%v] ", strings.TrimPrefix(sa.EpisodeID, tr.RolloutID+"."), sa.End, strings.TrimPrefix(sa.File, "subagents/"+tr.RolloutID+"."), sa.Useful)
+		}
+		return s + shape(tr)
+	}
+	ws := map[string]string{}
+	for _, tr := range want {
+		ws[strings.TrimPrefix(tr.EpisodeID, tr.RolloutID+".")] = tree(tr)
+	}
+	for _, tr := range got {
+		k := strings.TrimPrefix(tr.EpisodeID, tr.RolloutID+".")
+		if g := tree(tr); g != ws[k] {
+			t.Errorf("episode %s over workers:\n  %s\non one host:\n  %s", k, g, ws[k])
+		}
+		if len(tr.Subagents) != 3 {
+			t.Errorf("episode %s has %d sub-agents, want 3", tr.EpisodeID, len(tr.Subagents))
+		}
+		for _, sa := range tr.Subagents {
+			st, err := trajectory.Read(filepath.Join(coord.data, "episodes", sa.File))
+			if err != nil || st.Parent == nil || st.Parent.EpisodeID != tr.EpisodeID || st.Policy.Model != "frozen" || st.Termination == nil {
+				t.Errorf("sub-agent %s: no record beside the episode's on the coordinator (%v), or not the tree's: %+v", sa.EpisodeID, err, st)
+			}
+		}
+	}
+	if n := sub.Calls() - subCalls; n != subCalls {
+		t.Errorf("the sub-agent policy answered %d calls over workers, %d on one host", n, subCalls)
+	}
+}

@@ -144,7 +144,15 @@ const (
 	// ran (HeaderEpisode is the prefix's id, <group>.prefix[.N]); the
 	// coordinator keeps it under DATA/prefixes as one host does.
 	KindPrefix = "prefix"
+	// KindSubagent: the final document of a sub-agent an orchestrator
+	// episode ran (HeaderSubagent is its id, <episode>.s<stage>-<i>), sent
+	// before the episode's KindDone; the coordinator keeps it beside the
+	// episode's record (DATA/episodes/subagents/), as one host does.
+	KindSubagent = "subagent"
 )
+
+// HeaderSubagent, on KindSubagent, names the sub-agent.
+const HeaderSubagent = "Rollbox-Subagent"
 
 // Claim decisions and stored actions.
 const (
