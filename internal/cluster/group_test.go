@@ -374,3 +374,58 @@ func TestAPARLRolloutOverWorkersMatchesOneHost(t *testing.T) {
 		t.Errorf("the sub-agent policy answered %d calls over workers, %d on one host", n, subCalls)
 	}
 }
+
+// TestAWorkerKilledWhileAnOrchestratorsSubagentsRun: the worker running
+// an orchestrator episode is SIGKILLed while its sub-agents run (after
+// the orchestrator asked the policy): the episode ends cancelled,
+// interrupted, with its partial journal, once, and nothing runs again; with
+// retry_interrupted it runs again, tree and all, on another worker.
+func TestAWorkerKilledWhileAnOrchestratorsSubagentsRun(t *testing.T) {
+	orch := mustPolicy(fakepolicy.Config{Responder: fakepolicy.Script(
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "spawn_subagents", Arguments: `{"tasks": [{"prompt": "look at a"}, {"prompt": "look at b"}]}`}}},
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "finish", Arguments: `{"answer": "done"}`}}})})
+	defer orch.Close()
+	blocked, held := make(chan struct{}, 16), make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(held) }) }
+	defer release()
+	sub := mustPolicy(fakepolicy.Config{Responder: fakepolicy.BashThenFinish(1), Fault: func(_ int64, _ *fakepolicy.Request) fakepolicy.Fault {
+		select {
+		case <-held:
+		default:
+			blocked <- struct{}{}
+			<-held
+		}
+		return fakepolicy.Fault{}
+	}})
+	defer sub.Close()
+	ns := startNATS(t, "", 0)
+	coord := startService(t, "", ns.url)
+	victim := startWorker(t, ns.url, "wA", "wasm", 2)
+	coord.waitWorkers(1)
+	for _, retry := range []bool{false, true} {
+		extra := map[string]any{}
+		if retry {
+			extra["retry_interrupted"] = true
+		}
+		id := coord.submit(rolloutRequest(orch.URL(), parlTasks(1, sub), 1, extra))
+		<-blocked
+		<-blocked // both sub-agents ask their policy
+		victim.kill()
+		if retry {
+			release()
+		}
+		next := startWorker(t, ns.url, fmt.Sprintf("w%v", retry), "wasm", 2)
+		tr := one(t, coord.episodes(id, time.Minute))
+		switch {
+		case !retry && (tr.Termination.Reason != trajectory.EndCancelled || !tr.Termination.Interrupted || tr.Reward != nil && tr.Reward.Total != nil || len(tr.Steps) == 0 || len(tr.Steps[0].ToolCalls) != 1 || tr.Steps[0].ToolCalls[0].Name != "spawn_subagents"):
+			t.Errorf("episode %s: %+v reward %+v, %d steps; want cancelled, interrupted, unscored, with the orchestrator's spawn in its partial journal", tr.EpisodeID, tr.Termination, tr.Reward, len(tr.Steps))
+		case retry && (tr.Termination.Reason != trajectory.EndFinished || tr.Reward == nil || tr.Reward.Total == nil || len(tr.Subagents) != 2):
+			t.Errorf("episode %s: %+v reward %+v, %d sub-agents; want finished, scored, with its 2 sub-agents", tr.EpisodeID, tr.Termination, tr.Reward, len(tr.Subagents))
+		}
+		if !retry && orch.Calls() != 1 {
+			t.Errorf("the orchestrator's policy was called %d times, want 1 (no re-run)", orch.Calls())
+		}
+		victim = next
+	}
+}
