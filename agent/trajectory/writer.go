@@ -274,7 +274,70 @@ func commitTemp(path string) error {
 		os.Remove(path + tmpSuffix)
 		return err
 	}
-	return syncDir(filepath.Dir(path))
+	return dirSyncs.sync(filepath.Dir(path))
+}
+
+// dirSyncs makes the renames of commitTemp durable with as few directory
+// fsyncs as callers allow: a group commit per directory. Each caller
+// returns once an fsync of the directory that began after its rename has
+// ended; the callers that arrive while one runs share the next. (A
+// coordinator storing the records of hundreds of workers' episodes at once
+// paid an open, an fsync and a close of DATA/episodes for each.)
+var dirSyncs = &dirSyncer{dirs: map[string]*dirSync{}}
+
+type dirSyncer struct {
+	mu   sync.Mutex
+	dirs map[string]*dirSync
+	// fsyncs counts the directory fsyncs made; hook, if set, runs before
+	// each (tests).
+	fsyncs atomic.Int64
+	hook   func()
+}
+
+// dirSync is one directory's group commit (under dirSyncer.mu).
+type dirSync struct {
+	cond    *sync.Cond
+	busy    bool
+	started uint64 // fsyncs begun
+	ended   uint64 // fsyncs ended
+	err     error  // of the last ended
+	waiters int
+}
+
+func (x *dirSyncer) sync(dir string) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	d := x.dirs[dir]
+	if d == nil {
+		d = &dirSync{cond: sync.NewCond(&x.mu)}
+		x.dirs[dir] = d
+	}
+	d.waiters++
+	defer func() {
+		if d.waiters--; d.waiters == 0 && !d.busy {
+			delete(x.dirs, dir)
+		}
+	}()
+	want := d.started + 1 // the next fsync to begin: it begins after this rename
+	for d.ended < want {
+		if d.busy {
+			d.cond.Wait()
+			continue
+		}
+		d.busy = true
+		d.started++
+		n := d.started
+		x.mu.Unlock()
+		if x.hook != nil {
+			x.hook()
+		}
+		err := syncDir(dir)
+		x.fsyncs.Add(1)
+		x.mu.Lock()
+		d.busy, d.ended, d.err = false, n, err
+		d.cond.Broadcast()
+	}
+	return d.err
 }
 
 // writeTemp writes t to path + tmpSuffix (fsynced when sync is set).
