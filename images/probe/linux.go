@@ -338,7 +338,18 @@ func seccomp(opts) finding {
 		ev += fmt.Sprintf(", Seccomp_filters: %s", f)
 	}
 	if mode == "2" {
-		return finding{Pass: true, Evidence: ev + " (filter mode)", Data: map[string]any{"mode": mode}}
+		// The guest installs a filter of its own (prlimit of other
+		// processes, inherited by every command), so filter mode alone no
+		// longer shows the engine's profile. The runtimes' default
+		// profiles (Docker's, containerd's) refuse keyctl, which nothing
+		// else here does: refused, a profile is in force; answered, only
+		// the guest's filter is.
+		_, kerr := unix.KeyctlInt(unix.KEYCTL_GET_KEYRING_ID, unix.KEY_SPEC_SESSION_KEYRING, 0, 0, 0)
+		ev += fmt.Sprintf("; keyctl(KEYCTL_GET_KEYRING_ID): %s", errno(kerr))
+		if refused(kerr) {
+			return finding{Pass: true, Evidence: ev + " (filter mode; the engine's profile refuses keyctl)", Data: map[string]any{"mode": mode}}
+		}
+		return finding{Evidence: ev + ": the only filter is the guest's own (keyctl answered): no seccomp profile from the engine", Data: map[string]any{"mode": mode}}
 	}
 	if underGVisor() {
 		return finding{Pass: true, Evidence: ev + "; gVisor: every syscall is served by the sentry, which itself runs under runsc's seccomp filter on the host (not visible from inside)", Data: map[string]any{"mode": mode, "kernel": "gvisor"}}
