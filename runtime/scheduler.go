@@ -175,7 +175,7 @@ type scheduler struct {
 	backendRunning map[string]int
 	demand         map[demandKey]*demand
 	demandDirty    bool
-	ended          []time.Time // recent completions, for Retry-After
+	ended          completions // recent completions, for Retry-After
 	// waiters are sub-agents (and orchestrators going on after theirs)
 	// waiting for a running slot: served, in order, before queued jobs.
 	waiters []*slotWaiter
@@ -301,17 +301,45 @@ func (sc *scheduler) fitsLocked(n int) error {
 // retryAfterLocked estimates the seconds until over episodes' worth of room
 // frees up, from completions in the last minute.
 func (sc *scheduler) retryAfterLocked(over int) int {
-	cut := time.Now().Add(-time.Minute)
-	i := 0
-	for i < len(sc.ended) && sc.ended[i].Before(cut) {
-		i++
-	}
-	sc.ended = sc.ended[i:]
-	if len(sc.ended) == 0 {
+	rate := sc.ended.rate(time.Now())
+	if rate <= 0 {
 		return 5
 	}
-	rate := float64(len(sc.ended)) / time.Since(sc.ended[0]).Seconds()
 	return int(min(300, max(1, math.Ceil(float64(over)/rate))))
+}
+
+// completions counts episode completions in the last minute, a second a
+// bucket: a fixed few hundred bytes, however many episodes a week-long run
+// ends (a time each, kept until a 429 trimmed them, held up to 100,000).
+type completions struct {
+	sec [60]int64 // the Unix second each bucket counts, 0 for none
+	n   [60]int
+}
+
+func (c *completions) add(now time.Time) {
+	t := now.Unix()
+	i := t % int64(len(c.sec))
+	if c.sec[i] != t {
+		c.sec[i], c.n[i] = t, 0
+	}
+	c.n[i]++
+}
+
+// rate is completions a second over the last minute, from the oldest
+// second with any (0 for none).
+func (c *completions) rate(now time.Time) float64 {
+	t := now.Unix()
+	total, oldest := 0, t
+	for i, s := range c.sec {
+		if s > t-int64(len(c.sec)) && s <= t && c.n[i] > 0 {
+			total += c.n[i]
+			oldest = min(oldest, s)
+		}
+	}
+	if total == 0 {
+		return 0
+	}
+	return float64(total) / max(1, now.Sub(time.Unix(oldest, 0)).Seconds())
 }
 
 func (sc *scheduler) addDemandLocked(j *job, d int) {
@@ -403,10 +431,7 @@ func (sc *scheduler) done(j *job) {
 	j.r.started--
 	sc.syncCountsLocked()
 	sc.backendRunning[j.plan.backend]--
-	sc.ended = append(sc.ended, time.Now())
-	if len(sc.ended) > 100000 {
-		sc.ended = sc.ended[len(sc.ended)-50000:]
-	}
+	sc.ended.add(time.Now())
 	sc.grantLocked()
 	sc.mu.Unlock()
 	signal(sc.wake)
