@@ -80,7 +80,7 @@ func (s *Session) spawnAsync(ctx context.Context, tasks []subTask, allowed []str
 	call := as.calls
 	as.calls++
 	orch.spawned += len(tasks)
-	step := len(s.w.Trajectory().Steps) // the tool step this call is recorded as
+	step := s.w.Steps() // the tool step this call is recorded as
 	replay := s.cfg.Subagents != nil && s.cfg.Subagents.Recorded != nil
 	var forks []sandbox.Sandbox
 	var forkErr error
@@ -285,7 +285,7 @@ type asyncResults struct {
 // sub-agents can take it.
 func (s *Session) consumeAsync(ctx context.Context, tool string, handles []string, mode string, timeout time.Duration, untilDeadline bool) (tools.Result, error) {
 	as := s.orch.async
-	step := len(s.w.Trajectory().Steps) // the tool step this call is recorded as
+	step := s.w.Steps() // the tool step this call is recorded as
 	replay := s.cfg.Subagents != nil && s.cfg.Subagents.Recorded != nil
 	as.mu.Lock()
 	var set []*asyncSub

@@ -83,7 +83,7 @@ func (s *Session) fitContextLocked(ctx context.Context) error {
 	if limit <= 0 || n <= limit {
 		return nil
 	}
-	last := len(s.w.Trajectory().Steps) - 1
+	last := s.w.Steps() - 1
 	if s.task.Limits.ContextOverflow == "truncate" {
 		s.lastUsage = 0 // the server's count no longer applies
 		for i := range s.messages {

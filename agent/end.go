@@ -126,7 +126,7 @@ func (s *Session) end(ctx context.Context, reason, message string) error {
 	}
 	s.ended = true
 	s.orchestratorStats()
-	term := &trajectory.Termination{Reason: reason, Message: message, Step: len(s.w.Trajectory().Steps) - 1}
+	term := &trajectory.Termination{Reason: reason, Message: message, Step: s.w.Steps() - 1}
 	if s.finish != nil {
 		term.Answer, term.IDs = s.finish.Answer, s.finish.IDs
 	}
@@ -273,7 +273,7 @@ func (s *Session) failRecord(err error) error {
 	s.ended = true
 	s.stopSubagents(false)
 	s.closeSandbox()
-	term := &trajectory.Termination{Reason: trajectory.EndRecordError, Step: len(s.w.Trajectory().Steps) - 1,
+	term := &trajectory.Termination{Reason: trajectory.EndRecordError, Step: s.w.Steps() - 1,
 		Message: "the record could not be written: " + err.Error()}
 	if werr := s.writeEnd(term, nil); werr != nil {
 		re.Err = errors.Join(err, werr.(*RecordError).Err)

@@ -285,7 +285,7 @@ func (t spawnTool) Run(ctx context.Context, env *tools.Env, args map[string]any)
 	stage := orch.stage
 	orch.stage++
 	orch.spawned += len(a.Tasks)
-	step := len(s.w.Trajectory().Steps) // the tool step this call is recorded as
+	step := s.w.Steps() // the tool step this call is recorded as
 	var subs []trajectory.Subagent
 	if s.cfg.Subagents != nil && s.cfg.Subagents.Recorded != nil {
 		subs = s.recordedSubagents(stage, step, a.Tasks)

@@ -59,6 +59,19 @@ type Writer struct {
 	f       *os.File // the journal, open from the first line to End
 	t       *Trajectory
 	ended   bool
+	// nsteps counts the steps recorded. A running episode does not hold
+	// them: a step is in its journal once written, and t.Steps is brought
+	// up to date from the journal only when the record is read whole
+	// (Trajectory: the monitors, the verifier and End read it as the
+	// episode ends). A step is a 600-byte struct and the strings it points
+	// to, the policy's raw answer among them: with thousands of episodes
+	// running at once, their steps were most of the service's peak heap.
+	// unwritten keeps, as JSON, the steps the journal did not take (a full
+	// disk): the record still has them. base is where this writer's lines
+	// start in the journal.
+	nsteps    int
+	unwritten map[int][]byte
+	base      int64
 	// tee, when set, is given every journal line after it is written.
 	tee func(line []byte) error
 }
@@ -86,7 +99,7 @@ func NewWriterTee(dir string, t *Trajectory, tee func(line []byte) error) (*Writ
 	}
 	w := &Writer{dir: dir, t: t, tee: tee,
 		partial: filepath.Join(dir, t.EpisodeID+PartialSuffix),
-		final:   filepath.Join(dir, t.EpisodeID+".json")}
+		final:   filepath.Join(dir, t.EpisodeID+".json"), nsteps: len(t.Steps)}
 	head := *t
 	head.Steps, head.ContextEvents = nil, nil
 	if err := w.append(lineHeader, head); err != nil {
@@ -122,7 +135,74 @@ func (w *Writer) Path() string { return w.final }
 func (w *Writer) Trajectory() *Trajectory {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.decodeStepsLocked()
 	return w.t
+}
+
+// Steps is the number of steps recorded so far.
+func (w *Writer) Steps() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.nsteps
+}
+
+// decodeStepsLocked brings t.Steps up to date: the steps recorded since
+// are read back from the journal (or from unwritten).
+func (w *Writer) decodeStepsLocked() {
+	have := len(w.t.Steps)
+	if have >= w.nsteps {
+		return
+	}
+	got := make([]Step, w.nsteps-have)
+	found := make([]bool, len(got))
+	place := func(b []byte) {
+		var st Step
+		if json.Unmarshal(b, &st) == nil && st.Index >= have && st.Index < w.nsteps {
+			got[st.Index-have], found[st.Index-have] = st, true
+		}
+	}
+	var readErr error
+	if w.f != nil {
+		var b []byte
+		if b, readErr = readFrom(w.partial, w.base); readErr == nil {
+			for line := range bytes.Lines(b) {
+				if v, ok := bytes.CutPrefix(bytes.TrimSuffix(line, []byte("\n")), stepLinePrefix); ok && len(v) > 0 && v[len(v)-1] == '}' {
+					place(v[:len(v)-1])
+				}
+			}
+		}
+	}
+	for _, b := range w.unwritten {
+		place(b)
+	}
+	w.unwritten = nil
+	for i := range got {
+		if !found[i] {
+			// The journal was removed or cut from outside.
+			msg := "rollbox could not read this step back from the episode's journal"
+			if readErr != nil {
+				msg += ": " + readErr.Error()
+			}
+			got[i] = Step{Index: have + i, Type: StepTool, Error: msg}
+		}
+	}
+	w.t.Steps = append(w.t.Steps, got...)
+}
+
+// stepLinePrefix starts a step's journal line (appendJSON's).
+var stepLinePrefix = []byte(`{"k":"` + lineStep + `","v":`)
+
+// readFrom reads the file at path from offset on.
+func readFrom(path string, offset int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if _, err := f.Seek(offset, io.SeekStart); err != nil {
+		return nil, err
+	}
+	return io.ReadAll(f)
 }
 
 func (w *Writer) append(kind string, v any) error {
@@ -130,13 +210,23 @@ func (w *Writer) append(kind string, v any) error {
 	if err != nil {
 		return fmt.Errorf("trajectory %s: %w", kind, err)
 	}
-	line, _ := json.Marshal(journalLine{K: kind, V: b})
+	return w.appendJSON(kind, b)
+}
+
+// appendJSON appends a line of kind whose value is b (json.Marshal's: compact).
+func (w *Writer) appendJSON(kind string, b []byte) error {
+	line := make([]byte, 0, len(b)+len(kind)+len(`{"k":"","v":}`)+1)
+	line = append(append(append(append(line, `{"k":"`...), kind...), `","v":`...), b...)
+	line = append(line, '}')
 	if w.f == nil {
 		f, err := os.OpenFile(w.partial, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 		if err != nil {
 			return fmt.Errorf("trajectory: %w", err)
 		}
 		w.f = f
+		if fi, err := f.Stat(); err == nil {
+			w.base = fi.Size()
+		}
 	}
 	if _, err := w.f.Write(append(line, '\n')); err != nil {
 		return fmt.Errorf("trajectory: %w", err)
@@ -193,9 +283,23 @@ func (w *Writer) Step(s Step) (Step, error) {
 	if w.ended {
 		return s, errors.New("trajectory: step after end")
 	}
-	s.Index = len(w.t.Steps)
-	w.t.Steps = append(w.t.Steps, s)
-	return s, w.append(lineStep, s)
+	s.Index = w.nsteps
+	w.nsteps++
+	b, err := json.Marshal(s)
+	if err != nil {
+		// Kept whole: the record has it even if the journal cannot.
+		w.decodeStepsLocked()
+		w.t.Steps = append(w.t.Steps, s)
+		return s, fmt.Errorf("trajectory %s: %w", lineStep, err)
+	}
+	if err := w.appendJSON(lineStep, b); err != nil {
+		if w.unwritten == nil {
+			w.unwritten = map[int][]byte{}
+		}
+		w.unwritten[s.Index] = b
+		return s, err
+	}
+	return s, nil
 }
 
 // Event appends a context event.
@@ -220,6 +324,7 @@ func (w *Writer) End(term *Termination, reward *Reward, stats Stats) error {
 	w.ended = true
 	now := time.Now().UTC()
 	w.t.Termination, w.t.Reward, w.t.Stats, w.t.EndedAt = term, reward, stats, &now
+	w.decodeStepsLocked()
 	w.t.Segments, _ = BuildSegments(w.t.Steps) // the steps are the record; a bad segment leaves none
 	if w.t.Parent != nil {
 		// A sub-episode's turns are the frozen sub-agent policy's: none
