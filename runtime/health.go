@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"fmt"
 	"net/http"
 	"sort"
 	"time"
@@ -101,6 +102,13 @@ func (s *Server) Health() (Health, int) { return s.health() }
 
 func (s *Server) getHealth(w http.ResponseWriter, r *http.Request) error {
 	h, status := s.health()
+	if d, ok := sinceAccepted(r); ok {
+		// From the accept of the probe's connection to its answer: the
+		// part of a probe's latency that is the service's (its request
+		// read, its handler; not the client's connect nor the kernel's
+		// queue before the accept). rollbox bench reports it.
+		w.Header().Set("Server-Timing", fmt.Sprintf("service;dur=%.3f", float64(d)/float64(time.Millisecond)))
+	}
 	writeHTTPJSON(w, status, h)
 	return nil
 }

@@ -1,8 +1,11 @@
 package runtime
 
 import (
+	"context"
 	"io"
+	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 )
 
@@ -45,7 +48,33 @@ func (t HTTPTimeouts) withDefaults() HTTPTimeouts {
 func (s *Server) HTTPServer() *http.Server {
 	t := s.opts.HTTP
 	return &http.Server{Handler: s.Handler(), ReadHeaderTimeout: t.ReadHeader, ReadTimeout: t.Read, IdleTimeout: t.Idle,
-		MaxHeaderBytes: 64 << 10}
+		MaxHeaderBytes: 64 << 10, ConnContext: acceptedAt}
+}
+
+// accepted is when the server's accept loop took a connection, for the
+// first request on it (GET /healthz's Server-Timing).
+type accepted struct {
+	at   time.Time
+	used atomic.Bool
+}
+
+type acceptedKey struct{}
+
+// acceptedAt is the http.Server's ConnContext: it notes when the
+// connection was accepted.
+func acceptedAt(ctx context.Context, _ net.Conn) context.Context {
+	return context.WithValue(ctx, acceptedKey{}, &accepted{at: time.Now()})
+}
+
+// sinceAccepted is how long ago the request's connection was accepted,
+// for the first request on a connection the service accepted itself (not
+// one of its tests' servers); false otherwise.
+func sinceAccepted(r *http.Request) (time.Duration, bool) {
+	a, _ := r.Context().Value(acceptedKey{}).(*accepted)
+	if a == nil || a.used.Swap(true) {
+		return 0, false
+	}
+	return time.Since(a.at), true
 }
 
 // longAnswer prepares a handler whose answer may take long to write (a

@@ -93,3 +93,32 @@ func TestAStreamOutlivesTheReadAndWriteTimeouts(t *testing.T) {
 }
 
 var _ = fmt.Sprint
+
+// A probe's /healthz answer says how long the service took from the accept
+// of its connection (Server-Timing: service;dur=MS): the part of a slow
+// probe that is the service's, apart from the client's connect and the
+// kernel's queue (rollbox bench splits them). Only the first request on a
+// connection says it: a kept-alive connection's accept is long past.
+func TestAHealthProbeSaysTheServicesPartOfItsLatency(t *testing.T) {
+	s := startHTTPService(t, runtime.HTTPTimeouts{})
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	for i, want := range []bool{true, false} { // a new connection, then the same one kept alive
+		resp, err := client.Get(s.url + "/healthz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		st := resp.Header.Get("Server-Timing")
+		var ms float64
+		_, err = fmt.Sscanf(st, "service;dur=%g", &ms)
+		switch {
+		case want && (err != nil || ms < 0 || ms > 10_000):
+			t.Errorf("probe %d on a new connection: Server-Timing %q, want service;dur=MS", i, st)
+		case !want && st != "":
+			t.Errorf("probe %d on a kept-alive connection: Server-Timing %q, want none", i, st)
+		}
+	}
+}

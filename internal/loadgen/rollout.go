@@ -75,11 +75,17 @@ type RolloutResult struct {
 	// HealthzAtPeakMS only those while at least 90% of the episodes ran.
 	// HealthPort* are the same of the separate health responder (serve
 	// --health-addr), when there is one.
-	HealthzMS          Percentiles `json:"healthz_ms"`
-	HealthzAtPeakMS    Percentiles `json:"healthz_at_peak_ms"`
-	HealthzFailed      int         `json:"healthz_failed"`
-	HealthPortMS       Percentiles `json:"health_port_ms"`
-	HealthPortAtPeakMS Percentiles `json:"health_port_at_peak_ms"`
+	HealthzMS       Percentiles `json:"healthz_ms"`
+	HealthzAtPeakMS Percentiles `json:"healthz_at_peak_ms"`
+	HealthzFailed   int         `json:"healthz_failed"`
+	// HealthzServiceMS is the service's own part of each in-process
+	// probe (its Server-Timing: from the accept of the probe's connection
+	// to the answer); the rest is the client's connect and the kernel's
+	// queue before the accept, on this host.
+	HealthzServiceMS       Percentiles `json:"healthz_service_ms"`
+	HealthzServiceAtPeakMS Percentiles `json:"healthz_service_at_peak_ms"`
+	HealthPortMS           Percentiles `json:"health_port_ms"`
+	HealthPortAtPeakMS     Percentiles `json:"health_port_at_peak_ms"`
 	// HealthPortNot200 counts its answers other than 200 (503
 	// "unresponsive": the service did not report for --health-stale).
 	HealthPortNot200 int `json:"health_port_not_200"`
@@ -149,6 +155,8 @@ type SlowProbe struct {
 	AtS     float64 `json:"at_s"`
 	MS      float64 `json:"ms"`
 	Running int     `json:"running"`
+	// ServiceMS is the service's own part of it (-1: not said).
+	ServiceMS float64 `json:"service_ms"`
 }
 
 // Percentiles of a sample.
@@ -242,6 +250,7 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 	defer stopWatch()
 	type probe struct {
 		at, ms, portMS float64
+		svcMS          float64
 		running        int
 		failed         bool
 		portNot200     bool
@@ -275,7 +284,8 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 			}
 			json.NewDecoder(r.Body).Decode(&h)
 			r.Body.Close()
-			p := probe{at: at, ms: float64(time.Since(t0)) / float64(time.Millisecond), running: h.EpisodesRunning, portMS: -1}
+			p := probe{at: at, ms: float64(time.Since(t0)) / float64(time.Millisecond), running: h.EpisodesRunning, portMS: -1,
+				svcMS: serverTiming(r.Header.Get("Server-Timing"), "service")}
 			if healthURL != "" {
 				t1 := time.Now()
 				if r, err := client.Get(healthURL); err == nil {
@@ -360,7 +370,7 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 	res.WallS = time.Since(start).Seconds()
 	res.RSSBefore, res.RSSAtEnd, res.Schedule, res.MemBefore = rssBefore, rss(), c.Schedule, memBefore
 	stopWatch()
-	var all, atPeak, port, portAtPeak []float64
+	var all, atPeak, port, portAtPeak, svc, svcAtPeak []float64
 	got := <-probes
 	for _, p := range got {
 		switch {
@@ -371,6 +381,12 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 			all = append(all, p.ms)
 			if peak {
 				atPeak = append(atPeak, p.ms)
+			}
+			if p.svcMS >= 0 {
+				svc = append(svc, p.svcMS)
+				if peak {
+					svcAtPeak = append(svcAtPeak, p.svcMS)
+				}
 			}
 			if p.portNot200 {
 				res.HealthPortNot200++
@@ -384,12 +400,13 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 		}
 	}
 	res.HealthzMS, res.HealthzAtPeakMS = PercentilesOf(all), PercentilesOf(atPeak)
+	res.HealthzServiceMS, res.HealthzServiceAtPeakMS = PercentilesOf(svc), PercentilesOf(svcAtPeak)
 	slices.SortFunc(got, func(a, b probe) int { return cmp.Compare(b.ms, a.ms) })
 	for _, p := range got[:min(3, len(got))] {
 		if p.failed {
 			p.running = -1
 		}
-		res.HealthzSlowest = append(res.HealthzSlowest, SlowProbe{AtS: p.at, MS: p.ms, Running: p.running})
+		res.HealthzSlowest = append(res.HealthzSlowest, SlowProbe{AtS: p.at, MS: p.ms, Running: p.running, ServiceMS: p.svcMS})
 	}
 	res.HealthPortMS, res.HealthPortAtPeakMS = PercentilesOf(port), PercentilesOf(portAtPeak)
 	res.PeakRunning = int(peak.Load())
@@ -447,9 +464,17 @@ func (res *RolloutResult) Report(w io.Writer) {
 			if i > 0 {
 				fmt.Fprintf(w, ", ")
 			}
-			fmt.Fprintf(w, "%.0f ms at %.1f s (%d running)", p.MS, p.AtS, p.Running)
+			fmt.Fprintf(w, "%.0f ms at %.1f s (%d running", p.MS, p.AtS, p.Running)
+			if p.ServiceMS >= 0 {
+				fmt.Fprintf(w, "; %.0f ms in the service", p.ServiceMS)
+			}
+			fmt.Fprintf(w, ")")
 		}
 		fmt.Fprintln(w)
+	}
+	if res.HealthzServiceMS.N > 0 {
+		fmt.Fprintf(w, "    in the service    %s   (Server-Timing: accept to answer; the rest is the client's connect and the kernel's queue)\n", res.HealthzServiceMS)
+		fmt.Fprintf(w, "      at peak         %s\n", res.HealthzServiceAtPeakMS)
 	}
 	if res.HealthPortMS.N > 0 {
 		fmt.Fprintf(w, "  healthz (--health-addr) %s   (the separate responder, probed right after; %d not 200)\n", res.HealthPortMS, res.HealthPortNot200)
@@ -573,6 +598,9 @@ func (c *BuildComparison) Report(w io.Writer) {
 	fmt.Fprintf(w, "  healthz at peak max  %8.2f  %8.2f ms\n", a.HealthzAtPeakMS.Max, b.HealthzAtPeakMS.Max)
 	fmt.Fprintf(w, "  healthz p99 (all)    %8.2f  %8.2f ms\n", a.HealthzMS.P99, b.HealthzMS.P99)
 	fmt.Fprintf(w, "  healthz max (all)    %8.2f  %8.2f ms\n", a.HealthzMS.Max, b.HealthzMS.Max)
+	if a.HealthzServiceMS.N > 0 || b.HealthzServiceMS.N > 0 {
+		fmt.Fprintf(w, "  in the service p99   %8.2f  %8.2f ms (Server-Timing, the whole run; n=%d, %d)\n", a.HealthzServiceMS.P99, b.HealthzServiceMS.P99, a.HealthzServiceMS.N, b.HealthzServiceMS.N)
+	}
 	fmt.Fprintf(w, "  wall                 %8.1f  %8.1f s\n", a.WallS, b.WallS)
 	fmt.Fprintf(w, "  service CPU          %8.1f  %8.1f s\n", a.ServiceCPUS, b.ServiceCPUS)
 	fmt.Fprintf(w, "  peak RSS             %8.1f  %8.1f MiB\n", mib(a.ServicePeakRSS), mib(b.ServicePeakRSS))
@@ -595,4 +623,23 @@ func (c *BuildComparison) Report(w io.Writer) {
 	if a.HealthPortAtPeakMS.N > 0 || b.HealthPortAtPeakMS.N > 0 {
 		fmt.Fprintf(w, "  --health-addr p99    %8.2f  %8.2f ms (at peak: the host's own delay, for reference)\n", a.HealthPortAtPeakMS.P99, b.HealthPortAtPeakMS.P99)
 	}
+}
+
+// serverTiming reads the duration of metric name from a Server-Timing
+// header ("name;dur=1.5, other;dur=2"), -1 when it is not there.
+func serverTiming(h, name string) float64 {
+	for _, m := range strings.Split(h, ",") {
+		parts := strings.Split(strings.TrimSpace(m), ";")
+		if parts[0] != name {
+			continue
+		}
+		for _, p := range parts[1:] {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(p), "dur="); ok {
+				if f, err := strconv.ParseFloat(v, 64); err == nil {
+					return f
+				}
+			}
+		}
+	}
+	return -1
 }
