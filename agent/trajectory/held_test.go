@@ -23,7 +23,7 @@ func TestAWriterHoldsItsStepsInTheJournalNotInMemory(t *testing.T) {
 		at := time.Unix(1_700_000_000+int64(i), 123456789).UTC()
 		if i%2 == 0 {
 			return Step{Type: StepModel, Turn: i / 2, StartedAt: at, DurationMS: 12.5, Content: "thinking",
-				ToolCalls: []ToolCall{{ID: "c1", Name: "bash", Arguments: `{"command":"true"}`, Parsed: []byte(`{"command":"true"}`)}},
+				ToolCalls:    []ToolCall{{ID: "c1", Name: "bash", Arguments: `{"command":"true"}`, Parsed: []byte(`{"command":"true"}`)}},
 				FinishReason: "tool_calls", Model: "m", Usage: &Usage{PromptTokens: 10, CompletionTokens: 2, TotalTokens: 12},
 				Raw: []byte(raw), Attempts: 1, Tokens: TokensReported}
 		}
