@@ -45,7 +45,7 @@ lines on stderr. See docs/scale-out.md.`,
 	fs.SortFlags = false
 	url := fs.String("cluster", "", "the NATS JetStream server, `nats://HOST:PORT` (required)")
 	backendName := fs.String("backend", defaultBackend, "sandbox backend it runs: wasm, docker or containerd")
-	slots := fs.Int("slots", 0, "episodes it runs at once (required)")
+	slots := fs.Int("slots", 0, "episodes it runs at once, an orchestrator's sub-agents among them (required); a task with a prefix runs its whole group on one worker, so some worker needs at least group_size slots")
 	policyConc := fs.Int("policy-concurrency", 0, "policy calls in flight per endpoint (default --slots)")
 	id := fs.String("id", "", "worker `ID` (letters, digits, - and _; default HOST-PID)")
 	data := fs.String("data", "", "`DIR` for the journals of the episodes it runs, each removed once stored by the coordinator (default a directory under the system's temp dir)")
