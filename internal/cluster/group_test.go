@@ -429,3 +429,42 @@ func TestAWorkerKilledWhileAnOrchestratorsSubagentsRun(t *testing.T) {
 		victim = next
 	}
 }
+
+// TestTheCoordinatorKilledMidGroupLosesNothing: the coordinator (rollbox
+// serve --cluster) is SIGKILLed while prefix groups run on workers and is
+// started again on its data directory: it finds each group's item still in
+// the stream (in flight) or dispatches the group again, and every episode
+// ends once, with the records and group statistics of one host.
+func TestTheCoordinatorKilledMidGroupLosesNothing(t *testing.T) {
+	t.Parallel() // its own NATS server, data directories and worker processes: it mostly waits on them
+	pol := prefixScript(150*time.Millisecond, nil)
+	defer pol.Close()
+	tasks, group := prefixTasks(6), 3
+	single := startService(t, "", "")
+	want := single.episodes(single.submit(rolloutRequest(pol.URL(), tasks, group, nil)), 2*time.Minute)
+
+	ns := startNATS(t, "", 0)
+	data, port := t.TempDir(), freePort(t)
+	coord := startServe(t, ns.url, data, port)
+	startWorker(t, ns.url, "w1", "wasm", 3)
+	startWorker(t, ns.url, "w2", "wasm", 3)
+	coord.waitWorkers(2)
+	id := coord.submit(rolloutRequest(pol.URL(), tasks, group, nil))
+	coord.waitDone(id, 3)
+	coord.cmd.Process.Kill()
+	coord.cmd.Wait()
+	time.Sleep(300 * time.Millisecond) // the workers go on meanwhile
+	coord = startServe(t, ns.url, data, port)
+	got := coord.episodes(id, 3*time.Minute)
+	compareOutcomes(t, outcomes(t, got), outcomes(t, want))
+	gs, ws := shapes(got), shapes(want)
+	for k, w := range ws {
+		if gs[k] != w {
+			t.Errorf("episode %s over workers:\n  %s\non one host:\n  %s", k, gs[k], w)
+		}
+	}
+	records, _ := filepath.Glob(filepath.Join(data, "episodes", id+".*.json"))
+	if len(records) != len(tasks)*group {
+		t.Errorf("%d records of rollout %s, want %d", len(records), id, len(tasks)*group)
+	}
+}
