@@ -12,6 +12,7 @@
 //     worker of that backend (a work-queue stream allows one consumer per
 //     subject); each worker fetches at most its free slots, so it never holds
 //     more than --slots items unacknowledged.
+//
 //  2. Claim. Before it runs an item a worker asks the coordinator (core
 //     request on ClaimSubject, a Claim) and gets a ClaimReply: run (with the
 //     attempt number the journal must carry) or skip (the episode has ended
@@ -20,6 +21,7 @@
 //     failed attempt is kept as an infrastructure attempt when it never asked
 //     the policy anything, else the episode ends interrupted (or runs again
 //     when the rollout says retry_interrupted).
+//
 //  3. Journal. The worker runs the episode with the same engine as one host
 //     and publishes every journal line (the trajectory's own append-only
 //     journal: header, sandbox, steps, events, end) as it is written, in
@@ -30,6 +32,7 @@
 //     lines to the episode's journal in its data directory, dropping lines of
 //     any attempt but the current one and lines it has already (by
 //     HeaderSeq).
+//
 //  4. Done and store. When the episode has ended the worker publishes
 //     KindDone (a Done body). The coordinator finalises the journal into the
 //     episode's record, indexes it (group statistics, the stream, export as
@@ -39,6 +42,7 @@
 //     infrastructure failure and retries it (Action "retry"). A worker that
 //     hears nothing within a few seconds publishes its Done again: the
 //     coordinator is idempotent by episode id and attempt.
+//
 //  5. Heartbeats. Every worker publishes a Heartbeat on
 //     HeartbeatSubject(worker) every interval (core NATS), listing what it
 //     runs with each item's ack subject. A worker unheard for
@@ -46,14 +50,26 @@
 //     PingSubject(worker), is lost: the coordinator naks its items for an
 //     immediate redelivery (or ends them interrupted, see 2). The
 //     coordinator lists the live workers at GET /v1/workers.
+//
 //  6. Cancel. DELETE /v1/rollouts/{id} publishes a Cancel on CancelSubject;
 //     workers stop that rollout's episodes, which end cancelled and are
 //     journaled back as usual.
+//
 //  7. Policy versions. The claim's answer carries the rollout's announced
 //     policy versions; an announcement (POST /v1/policy-version) is a
 //     Versions request on VersionsSubject. Workers stamp each turn with
 //     the last version, pin an episode's first, and end an episode stale
 //     beyond the rollout's max_staleness cancelled, as one host does.
+//
+//  8. Group items. A task with a prefix runs its group on one worker: the
+//     coordinator publishes one WorkItem with Members (GroupWorkSubject);
+//     the worker takes a slot per member, claims each member as in 2, runs
+//     the prefix once and each member in a fork of it, journals each as in
+//     3 (and the prefix's record, KindPrefix), and acks the item once every
+//     member is stored. A lost worker's members are decided one by one as
+//     in 2; the item then goes back, and the ended members are skipped.
+//     An orchestrator episode is a single item whose sub-agents run on its
+//     worker; their records come back as KindSubagent before its KindDone.
 //
 // Everything published on a stream is durable once JetStream acks it;
 // core NATS messages (claims, heartbeats, stored, cancel) are retried by
