@@ -102,12 +102,11 @@ func (s *Server) Health() (Health, int) { return s.health() }
 
 func (s *Server) getHealth(w http.ResponseWriter, r *http.Request) error {
 	h, status := s.health()
-	if d, ok := sinceAccepted(r); ok {
-		// From the accept of the probe's connection to its answer: the
-		// part of a probe's latency that is the service's (its request
-		// read, its handler; not the client's connect nor the kernel's
-		// queue before the accept). rollbox bench reports it.
-		w.Header().Set("Server-Timing", fmt.Sprintf("service;dur=%.3f", float64(d)/float64(time.Millisecond)))
+	if d, acc, ok := inService(r); ok {
+		// The part of a probe's latency that is the service's: from the
+		// request's arrival in this host's socket (or the accept) to the
+		// answer; not the client's connect. rollbox bench reports it.
+		w.Header().Set("Server-Timing", fmt.Sprintf("service;dur=%.3f, accept;dur=%.3f", ms(d), ms(acc)))
 	}
 	writeHTTPJSON(w, status, h)
 	return nil
@@ -174,3 +173,5 @@ func (c healthCollector) Collect(ch chan<- prometheus.Metric) {
 	h, _ := c.s.health()
 	ch <- prometheus.MustNewConstMetric(healthDesc, prometheus.GaugeValue, 1, h.Status)
 }
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -51,10 +51,11 @@ func (s *Server) HTTPServer() *http.Server {
 		MaxHeaderBytes: 64 << 10, ConnContext: acceptedAt}
 }
 
-// accepted is when the server's accept loop took a connection, for the
-// first request on it (GET /healthz's Server-Timing).
+// accepted is when the server's accept loop took a connection, and the
+// connection, for the first request on it (GET /healthz's Server-Timing).
 type accepted struct {
 	at   time.Time
+	conn net.Conn
 	used atomic.Bool
 }
 
@@ -62,19 +63,24 @@ type acceptedKey struct{}
 
 // acceptedAt is the http.Server's ConnContext: it notes when the
 // connection was accepted.
-func acceptedAt(ctx context.Context, _ net.Conn) context.Context {
-	return context.WithValue(ctx, acceptedKey{}, &accepted{at: time.Now()})
+func acceptedAt(ctx context.Context, c net.Conn) context.Context {
+	return context.WithValue(ctx, acceptedKey{}, &accepted{at: time.Now(), conn: c})
 }
 
-// sinceAccepted is how long ago the request's connection was accepted,
-// for the first request on a connection the service accepted itself (not
-// one of its tests' servers); false otherwise.
-func sinceAccepted(r *http.Request) (time.Duration, bool) {
+// inService is how long the first request on a connection the service
+// accepted itself (not one of its tests' servers) has been the service's:
+// since its bytes reached this host's socket (TCP_INFO's last_data_recv,
+// in ms: the wait in the kernel's queue for the accept loop and the read
+// counts), or since the accept when that is longer or unknown; and since
+// the accept alone. False for a later request on a kept-alive connection.
+func inService(r *http.Request) (service, sinceAccept time.Duration, ok bool) {
 	a, _ := r.Context().Value(acceptedKey{}).(*accepted)
 	if a == nil || a.used.Swap(true) {
-		return 0, false
+		return 0, 0, false
 	}
-	return time.Since(a.at), true
+	sinceAccept = time.Since(a.at)
+	service = max(sinceAccept, sinceDataArrived(a.conn))
+	return service, sinceAccept, true
 }
 
 // longAnswer prepares a handler whose answer may take long to write (a

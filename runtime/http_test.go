@@ -94,10 +94,10 @@ func TestAStreamOutlivesTheReadAndWriteTimeouts(t *testing.T) {
 
 var _ = fmt.Sprint
 
-// A probe's /healthz answer says how long the service took from the accept
-// of its connection (Server-Timing: service;dur=MS): the part of a slow
-// probe that is the service's, apart from the client's connect and the
-// kernel's queue (rollbox bench splits them). Only the first request on a
+// A probe's /healthz answer says how long it was the service's (Server-Timing:
+// service;dur=MS, from the request's arrival in its socket, and
+// accept;dur=MS, from the accept): the part of a slow probe that is the
+// service's, apart from the client's connect (rollbox bench splits them). Only the first request on a
 // connection says it: a kept-alive connection's accept is long past.
 func TestAHealthProbeSaysTheServicesPartOfItsLatency(t *testing.T) {
 	s := startHTTPService(t, runtime.HTTPTimeouts{})

@@ -79,9 +79,9 @@ type RolloutResult struct {
 	HealthzAtPeakMS Percentiles `json:"healthz_at_peak_ms"`
 	HealthzFailed   int         `json:"healthz_failed"`
 	// HealthzServiceMS is the service's own part of each in-process
-	// probe (its Server-Timing: from the accept of the probe's connection
-	// to the answer); the rest is the client's connect and the kernel's
-	// queue before the accept, on this host.
+	// probe (its Server-Timing: from the request's arrival in the
+	// service's socket, or the accept, to the answer); the rest is the
+	// client's connect and the answer's way back.
 	HealthzServiceMS       Percentiles `json:"healthz_service_ms"`
 	HealthzServiceAtPeakMS Percentiles `json:"healthz_service_at_peak_ms"`
 	HealthPortMS           Percentiles `json:"health_port_ms"`
@@ -473,7 +473,7 @@ func (res *RolloutResult) Report(w io.Writer) {
 		fmt.Fprintln(w)
 	}
 	if res.HealthzServiceMS.N > 0 {
-		fmt.Fprintf(w, "    in the service    %s   (Server-Timing: accept to answer; the rest is the client's connect and the kernel's queue)\n", res.HealthzServiceMS)
+		fmt.Fprintf(w, "    in the service    %s   (Server-Timing: the request's arrival in the socket to the answer; the rest is the client's connect and the way back)\n", res.HealthzServiceMS)
 		fmt.Fprintf(w, "      at peak         %s\n", res.HealthzServiceAtPeakMS)
 	}
 	if res.HealthPortMS.N > 0 {
