@@ -873,11 +873,12 @@ func (c *coordinator) onHeartbeat(m *nats.Msg) {
 
 // resize gives the scheduler the live workers' slots per backend.
 func (c *coordinator) resize() {
-	slots := map[string]int{}
+	slots, maxSlots := map[string]int{}, map[string]int{}
 	c.mu.Lock()
 	for _, w := range c.workers {
 		for _, b := range w.hb.Backends {
 			slots[b] += w.hb.Slots
+			maxSlots[b] = max(maxSlots[b], w.hb.Slots)
 		}
 	}
 	c.mu.Unlock()
@@ -885,7 +886,7 @@ func (c *coordinator) resize() {
 	for b, n := range slots {
 		c.slotsGauge.WithLabelValues(b).Set(float64(n))
 	}
-	c.s.sched.setClusterSlots(slots)
+	c.s.sched.setClusterSlots(slots, maxSlots)
 }
 
 // reapWorkers drops workers unheard for cluster.MissedHeartbeats

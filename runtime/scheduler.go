@@ -184,16 +184,22 @@ type scheduler struct {
 	// dispatched and not ended per backend by the live workers' slots, in
 	// place of Limits.Backend: a backend no worker serves runs none.
 	clusterSlots map[string]int
+	// clusterMaxSlots is the largest one live worker's slots per backend
+	// (a coordinator): a group item runs on one worker, so a group larger
+	// than every worker stays queued (none would take it; started, its
+	// episodes would hold the cluster's slots for ever).
+	clusterMaxSlots map[string]int
 
 	wake     chan struct{}
 	sizeWake chan struct{}
 }
 
 // setClusterSlots sets the live workers' slots per backend (a
-// coordinator's bound) and wakes the dispatcher.
-func (sc *scheduler) setClusterSlots(slots map[string]int) {
+// coordinator's bound) and the largest one worker's, and wakes the
+// dispatcher.
+func (sc *scheduler) setClusterSlots(slots, maxSlots map[string]int) {
 	sc.mu.Lock()
-	sc.clusterSlots = slots
+	sc.clusterSlots, sc.clusterMaxSlots = slots, maxSlots
 	sc.mu.Unlock()
 	signal(sc.wake)
 }
@@ -379,7 +385,8 @@ func (sc *scheduler) pick() []*job {
 			for k < len(r.queue) && r.queue[k].ep.group == j.ep.group {
 				k++
 			}
-			if sc.backendRunning[j.plan.backend]+k > sc.clusterSlots[j.plan.backend] || sc.running+k > sc.limits.MaxRunning {
+			if k > sc.clusterMaxSlots[j.plan.backend] || // no one worker holds the group
+				sc.backendRunning[j.plan.backend]+k > sc.clusterSlots[j.plan.backend] || sc.running+k > sc.limits.MaxRunning {
 				continue
 			}
 		}

@@ -468,3 +468,44 @@ func TestTheCoordinatorKilledMidGroupLosesNothing(t *testing.T) {
 		t.Errorf("%d records of rollout %s, want %d", len(records), id, len(tasks)*group)
 	}
 }
+
+// TestAGroupNoWorkerCanHoldPinsNoSlots: a prefix group larger than every
+// live worker's --slots (though not than their sum) is never taken by a
+// worker; the coordinator must then keep it queued rather than count its
+// episodes running. Before, it started the group (the sum held it) and its
+// episodes held the slots for ever: one API caller's group_size starved
+// every other rollout of the cluster. Once a worker that holds the group
+// joins, it runs.
+func TestAGroupNoWorkerCanHoldPinsNoSlots(t *testing.T) {
+	t.Parallel() // its own NATS server, data directories and worker processes: it mostly waits on them
+	pre := prefixScript(0, nil)
+	defer pre.Close()
+	pol := scripted(0)
+	defer pol.Close()
+
+	ns := startNATS(t, "", 0)
+	coord := startService(t, "", ns.url)
+	startWorker(t, ns.url, "a", "wasm", 2)
+	startWorker(t, ns.url, "b", "wasm", 2)
+	coord.waitWorkers(2)
+	big := coord.submit(rolloutRequest(pre.URL(), prefixTasks(1), 4, nil))
+	// The group of 4 fits the sum of the slots (2+2), no one worker.
+	time.Sleep(time.Second)
+	other := coord.submit(rolloutRequest(pol.URL(), exactTasks(2), 1, nil))
+	if got := coord.episodes(other, time.Minute); len(got) != 2 {
+		t.Fatalf("the other rollout ended %d episodes, want 2", len(got))
+	}
+	var st struct {
+		State           string `json:"state"`
+		EpisodesDone    int    `json:"episodes_done"`
+		EpisodesRunning int    `json:"episodes_running"`
+	}
+	coord.do("GET", "/v1/rollouts/"+big, nil, &st)
+	if st.EpisodesDone != 0 || st.EpisodesRunning != 0 {
+		t.Errorf("the group no worker holds: %+v, want none done nor running", st)
+	}
+	startWorker(t, ns.url, "c", "wasm", 4)
+	if got := coord.episodes(big, time.Minute); len(got) != 4 {
+		t.Fatalf("the group ended %d episodes once a worker of 4 slots joined, want 4", len(got))
+	}
+}
