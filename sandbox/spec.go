@@ -56,6 +56,14 @@ const (
 	MaxFileBytes = 64 << 20
 )
 
+// reservedDirs are where the runtime mounts what a sandbox needs (the
+// guest at /.rollbox/guest and, under containerd, its channel at
+// /.rollbox/channel; /proc; /dev; the cgroups the guest reads its OOM
+// verdicts from under /sys): a workdir (a tmpfs mounted after them) there
+// would hide them or be refused by the runtime, failing the create as
+// infrastructure for what is the task's bad input.
+var reservedDirs = []string{"/.rollbox", "/proc", "/dev", "/sys"}
+
 // Spec describes a sandbox. The zero value plus an Image is a valid, hardened
 // spec: no network, default limits, workdir /work.
 type Spec struct {
@@ -170,6 +178,11 @@ func (s Spec) Validate() error {
 	}
 	if s.Workdir != "" && (!path.IsAbs(s.Workdir) || path.Clean(s.Workdir) != s.Workdir || s.Workdir == "/") {
 		return fieldErr("workdir", "%q must be a clean absolute path other than /", s.Workdir)
+	}
+	for _, r := range reservedDirs {
+		if s.Workdir == r || strings.HasPrefix(s.Workdir, r+"/") {
+			return fieldErr("workdir", "%q is at or under %s, which the sandbox's runtime mounts (the guest and its channel, /proc, /dev, /sys and the cgroups): choose another directory", s.Workdir, r)
+		}
 	}
 	if s.Hostname != "" && !validHostname(s.Hostname) {
 		return fieldErr("hostname", "%q is not a host name (letters, digits, '-' and '.', at most 63)", s.Hostname)

@@ -26,6 +26,11 @@ func TestValidateNamesTheOffendingField(t *testing.T) {
 		{"a relative workdir", Spec{Workdir: "work"}, "workdir"},
 		{"the root as workdir", Spec{Workdir: "/"}, "workdir"},
 		{"an unclean workdir", Spec{Workdir: "/work/../etc"}, "workdir"},
+		{"the guest's directory as workdir", Spec{Workdir: "/.rollbox"}, "workdir"},
+		{"the channel as workdir", Spec{Workdir: "/.rollbox/channel"}, "workdir"},
+		{"/proc as workdir", Spec{Workdir: "/proc"}, "workdir"},
+		{"the cgroups as workdir", Spec{Workdir: "/sys/fs/cgroup"}, "workdir"},
+		{"/dev as workdir", Spec{Workdir: "/dev/shm"}, "workdir"},
 		{"an env name with =", Spec{Env: map[string]string{"A=B": "x"}}, "env"},
 		{"an env value with NUL", Spec{Env: map[string]string{"A": "x\x00"}}, "env.A"},
 	}

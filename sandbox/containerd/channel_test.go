@@ -297,3 +297,28 @@ func TestRunscUsesStdio(t *testing.T) {
 		t.Errorf("a runsc sandbox has %s: %v %+v", containerd.ChannelMountPath, err, r)
 	}
 }
+
+// TestAWorkdirOverTheGuestsMountsIsBadInput: a workdir is a tmpfs mounted
+// after the guest's binds: on /.rollbox it hid the guest (the create
+// failed as "sandbox engine unavailable"), on /.rollbox/channel the
+// channel's mount failed (sandbox failed), on /sys/fs/cgroup it hid the
+// memory cgroup the guest reads for its OOM verdicts, on /proc or /dev
+// runc refused it: infrastructure failures (unscored episodes) for what is
+// the task's bad input. It is refused before anything is made, naming
+// the field.
+func TestAWorkdirOverTheGuestsMountsIsBadInput(t *testing.T) {
+	b := newBackend(t, containerd.Options{ChannelTimeout: 5 * time.Second})
+	for _, wd := range []string{"/.rollbox", "/.rollbox/channel", "/sys/fs/cgroup", "/proc", "/dev"} {
+		sb, err := b.Create(context.Background(), sandbox.Spec{Image: "base", Workdir: wd})
+		if err == nil {
+			sb.Close()
+		}
+		var fe *sandbox.FieldError
+		if !errors.As(err, &fe) || fe.Field != "workdir" || errors.Is(err, sandbox.ErrSandboxFailed) || errors.Is(err, sandbox.ErrEngineUnavailable) {
+			t.Errorf("workdir %s: %v, want bad input naming workdir", wd, err)
+		}
+	}
+	if n := ownContainers(t, b, t.Name()); n != 0 {
+		t.Errorf("%d containers left", n)
+	}
+}
