@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -321,4 +322,54 @@ func TestAWorkdirOverTheGuestsMountsIsBadInput(t *testing.T) {
 	if n := ownContainers(t, b, t.Name()); n != 0 {
 		t.Errorf("%d containers left", n)
 	}
+}
+
+// TestNoChannelDirectoryOutlivesItsCreate: a sandbox's channel directory
+// and socket on the host are gone once its guest connected, once a create
+// whose guest never connected failed, and once a sandbox killed from
+// outside was closed: no fd nor ch/ entry accumulates.
+func TestNoChannelDirectoryOutlivesItsCreate(t *testing.T) {
+	dir := t.TempDir()
+	exits := dir + "/exits"
+	if err := os.WriteFile(exits, []byte("#!/bin/sh\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var paths []string
+	hook := func(p string) { mu.Lock(); paths = append(paths, p); mu.Unlock() }
+	gone := func(what string) {
+		t.Helper()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(paths) == 0 {
+			t.Fatalf("%s: no channel was made", what)
+		}
+		for _, p := range paths {
+			if _, err := os.Lstat(filepath.Dir(p)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("%s: the channel directory %s is still there (%v)", what, filepath.Dir(p), err)
+			}
+		}
+	}
+	ctx := context.Background()
+
+	b := newBackend(t, containerd.Options{ChannelTimeout: 5 * time.Second})
+	containerd.SetChannelHook(b, hook)
+	sb, err := b.Create(ctx, sandbox.Spec{Image: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone("a create whose guest connected")
+	if err := sb.(*containerd.Container).KillTask(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sb.Close()
+	gone("a sandbox killed from outside, closed")
+
+	bad := newBackend(t, containerd.Options{GuestPath: exits, ChannelTimeout: 5 * time.Second})
+	containerd.SetChannelHook(bad, hook)
+	if sb, err := bad.Create(ctx, sandbox.Spec{Image: "base"}); err == nil {
+		sb.Close()
+		t.Fatal("a create whose guest exits succeeded")
+	}
+	gone("a failed create")
 }
