@@ -1001,8 +1001,15 @@ func (w *worker) run(ctx context.Context, a *attempt) (cluster.Done, string) {
 	cfg.NewSandbox = w.sandboxes.create
 	cfg.Prefix = a.prefix
 	// A record a dead predecessor in this --data left of the episode is
-	// not this attempt's (its Done would send it).
+	// not this attempt's (its Done would send it); nor are the records
+	// and journals of the sub-agents it ran (sendSubagents would send them
+	// beside this attempt's, naming sub-agents it never ran). Episode ids
+	// hold no glob metacharacter.
 	os.Remove(filepath.Join(w.o.DataDir, item.EpisodeID+".json"))
+	left, _ := filepath.Glob(filepath.Join(w.o.DataDir, agent.SubagentsDir, item.EpisodeID+".s*"))
+	for _, f := range left {
+		os.Remove(f)
+	}
 	ep := w.endpoints.get(item.Policy.BaseURL)
 	cfg.Policy = &askedPolicy{inner: &gatedPolicy{inner: rc.policy, ep: ep, rolloutSem: rc.sem, metrics: w.metrics,
 		versions: attemptVersions{w, a}}, a: a, w: w}

@@ -509,3 +509,46 @@ func TestAGroupNoWorkerCanHoldPinsNoSlots(t *testing.T) {
 		t.Fatalf("the group ended %d episodes once a worker of 4 slots joined, want 4", len(got))
 	}
 }
+
+// TestAnAttemptSendsOnlyItsOwnSubagents: a sub-agent record a dead
+// predecessor in the worker's --data left of the episode (its earlier
+// attempt, killed after that sub-agent ended and before its records were
+// sent) is not this attempt's: it must not be sent and kept beside the
+// episode's record, where it would stand for a sub-agent this attempt
+// never ran.
+func TestAnAttemptSendsOnlyItsOwnSubagents(t *testing.T) {
+	t.Parallel() // its own NATS server, data directories and worker processes: it mostly waits on them
+	orch := mustPolicy(fakepolicy.Config{Responder: fakepolicy.Script(
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "spawn_subagents", Arguments: `{"tasks": [{"prompt": "look at a"}]}`}}},
+		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "finish", Arguments: `{"answer": "done"}`}}})})
+	defer orch.Close()
+	sub := mustPolicy(fakepolicy.Config{Responder: fakepolicy.BashThenFinish(1)})
+	defer sub.Close()
+	ns := startNATS(t, "", 0)
+	coord := startService(t, "", ns.url)
+	id := coord.submit(rolloutRequest(orch.URL(), parlTasks(1, sub), 1, nil))
+	ep := id + ".t0.0"
+	data := t.TempDir()
+	stale := ep + ".s7-0"
+	if err := os.MkdirAll(filepath.Join(data, agent.SubagentsDir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	doc := fmt.Sprintf(`{"episode_id":%q,"rollout_id":%q,"termination":{"reason":"finished"}}`, stale, id)
+	if err := os.WriteFile(filepath.Join(data, agent.SubagentsDir, stale+".json"), []byte(doc+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	startWorker(t, ns.url, "w", "wasm", 2, "--data", data)
+	tr := one(t, coord.episodes(id, time.Minute))
+	if tr.Termination == nil || tr.Termination.Reason != trajectory.EndFinished || len(tr.Subagents) != 1 {
+		t.Fatalf("episode %s: %+v with %d sub-agents, want finished with 1", tr.EpisodeID, tr.Termination, len(tr.Subagents))
+	}
+	kept, _ := filepath.Glob(filepath.Join(coord.data, "episodes", agent.SubagentsDir, ep+".s*"))
+	for _, k := range kept {
+		if filepath.Base(k) != filepath.Base(tr.Subagents[0].File) {
+			t.Errorf("kept beside the episode: %s, which its record does not name (it names %s)", k, tr.Subagents[0].File)
+		}
+	}
+	if len(kept) != 1 {
+		t.Errorf("%d sub-agent records kept, want 1: %v", len(kept), kept)
+	}
+}
