@@ -112,6 +112,9 @@ type groupState struct {
 	ended   int
 	// prefix runs the task's prefix once for the group (nil without one).
 	prefix *agent.PrefixGroup
+	// waitNoted: logged as waiting for a worker with room for it (a
+	// coordinator's group item), once; under the scheduler's mu.
+	waitNoted bool
 }
 
 func newRollout(rec *rolloutRecord) *rollout {

@@ -186,9 +186,11 @@ type scheduler struct {
 	clusterSlots map[string]int
 	// clusterMaxSlots is the largest one live worker's slots per backend
 	// (a coordinator): a group item runs on one worker, so a group larger
-	// than every worker stays queued (none would take it; started, its
-	// episodes would hold the cluster's slots for ever).
+	// than every worker waits queued, holding no slot (none would take it;
+	// started, its episodes would hold the cluster's slots for ever).
 	clusterMaxSlots map[string]int
+	// warn logs what an operator must act on (nil: nowhere).
+	warn func(msg string, args ...any)
 
 	wake     chan struct{}
 	sizeWake chan struct{}
@@ -376,17 +378,12 @@ func (sc *scheduler) pick() []*job {
 	for i := range sc.active {
 		idx := (sc.next + i) % len(sc.active)
 		r := sc.active[idx]
-		j := r.queue[0]
-		if sc.backendFullLocked(j.plan.backend) {
+		j, k := sc.headLocked(r)
+		if j == nil || sc.backendFullLocked(j.plan.backend) {
 			continue
 		}
-		k := 1 // the jobs taken together
 		if sc.clusterSlots != nil && j.groupItem() {
-			for k < len(r.queue) && r.queue[k].ep.group == j.ep.group {
-				k++
-			}
-			if k > sc.clusterMaxSlots[j.plan.backend] || // no one worker holds the group
-				sc.backendRunning[j.plan.backend]+k > sc.clusterSlots[j.plan.backend] || sc.running+k > sc.limits.MaxRunning {
+			if sc.backendRunning[j.plan.backend]+k > sc.clusterSlots[j.plan.backend] || sc.running+k > sc.limits.MaxRunning {
 				continue
 			}
 		}
@@ -429,6 +426,41 @@ func (sc *scheduler) pick() []*job {
 		return jobs
 	}
 	return nil
+}
+
+// headLocked is the job at the head of r's queue and how many start with
+// it (k: the group of a coordinator's group item, else 1). A group item no
+// live worker has a slot for each of (it runs whole on one worker) waits
+// for one: noted once, and moved behind the rest of r's queue so that r's
+// other episodes start meanwhile; nil when nothing of r can start for that
+// reason.
+func (sc *scheduler) headLocked(r *rollout) (*job, int) {
+	for moved := 0; ; {
+		j := r.queue[0]
+		if sc.clusterSlots == nil || !j.groupItem() {
+			return j, 1
+		}
+		k := 1
+		for k < len(r.queue) && r.queue[k].ep.group == j.ep.group {
+			k++
+		}
+		largest := sc.clusterMaxSlots[j.plan.backend]
+		if k <= largest {
+			return j, k
+		}
+		if g := j.ep.group; !g.waitNoted && sc.warn != nil {
+			g.waitNoted = true
+			sc.warn("cluster: a group waits for a worker with a slot for each of its episodes (it runs whole on one worker, from one prefix)",
+				"group", g.id, "episodes", k, "backend", j.plan.backend, "largest_worker_slots", largest)
+		}
+		if moved+k >= len(r.queue) {
+			return nil, 0 // every queued episode of r is such a group
+		}
+		g := slices.Clone(r.queue[:k])
+		copy(r.queue, r.queue[k:])
+		copy(r.queue[len(r.queue)-k:], g)
+		moved += k
+	}
 }
 
 // done releases a finished job's slots.

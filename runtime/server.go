@@ -256,6 +256,7 @@ func Open(opts Options) (*Server, error) {
 		s.coord, runner = c, c
 	}
 	s.sched = newScheduler(s.limits, runner.start, s.storage.ok, s.coord != nil)
+	s.sched.warn = s.log.Warn
 	s.bg.Add(7)
 	go func() { defer s.bg.Done(); s.reclaimWhenIdle(s.ctx) }()
 	go func() { defer s.bg.Done(); s.sweepOutcomes(s.ctx.Done()) }()

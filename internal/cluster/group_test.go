@@ -552,3 +552,50 @@ func TestAnAttemptSendsOnlyItsOwnSubagents(t *testing.T) {
 		t.Errorf("%d sub-agent records kept, want 1: %v", len(kept), kept)
 	}
 }
+
+// TestAGroupNoWorkerCanHoldWaitsWithoutHoldingSlots: a prefix group runs
+// whole on one worker, so while no live worker has a slot for each of its
+// episodes it waits queued, and the slots it cannot use run the other
+// episodes; a worker with room that joins then runs it. Before, the
+// coordinator dispatched it whenever the workers' slots added up, counted
+// it running, and the workers handed it back and forth for ever.
+func TestAGroupNoWorkerCanHoldWaitsWithoutHoldingSlots(t *testing.T) {
+	t.Parallel() // its own NATS server, data directory and worker processes: it mostly waits on them
+	pol := prefixScript(0, nil)
+	defer pol.Close()
+	tasks, group := prefixTasks(2), 3 // t0's group of 3 forks from its prefix; t1's 3 episodes run alone
+
+	ns := startNATS(t, "", 0)
+	coord := startService(t, "", ns.url)
+	startWorker(t, ns.url, "a", "wasm", 2)
+	startWorker(t, ns.url, "b", "wasm", 2)
+	coord.waitWorkers(2)
+	id := coord.submit(rolloutRequest(pol.URL(), tasks, group, nil))
+	var st runtime.RolloutStatus
+	deadline := time.Now().Add(2 * time.Minute)
+	for coord.do("GET", "/v1/rollouts/"+id, nil, &st); st.EpisodesDone < group; coord.do("GET", "/v1/rollouts/"+id, nil, &st) {
+		if time.Now().After(deadline) {
+			t.Fatalf("t1's episodes did not end in 2 minutes: %+v", st)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(time.Second) // five heartbeats: nothing changes while no worker can hold the group
+	coord.do("GET", "/v1/rollouts/"+id, nil, &st)
+	if st.EpisodesDone != group || st.EpisodesRunning != 0 || st.EpisodesQueued != group {
+		t.Fatalf("while no worker has %d slots: done %d running %d queued %d, want %d done, none running, the group's %d queued",
+			group, st.EpisodesDone, st.EpisodesRunning, st.EpisodesQueued, group, group)
+	}
+	startWorker(t, ns.url, "big", "wasm", group)
+	got := coord.episodes(id, 2*time.Minute)
+	if len(got) != 2*group {
+		t.Fatalf("%d episodes, want %d", len(got), 2*group)
+	}
+	for _, tr := range got {
+		if tr.Termination == nil || tr.Termination.Reason != trajectory.EndFinished {
+			t.Errorf("episode %s ended %+v, want finished", tr.EpisodeID, tr.Termination)
+		}
+		if tr.TaskID == "t0" && (tr.ForkedFrom == nil || tr.ForkedFrom.EpisodeID != tr.GroupID+".prefix") {
+			t.Errorf("episode %s: forked_from %+v, want its group's prefix", tr.EpisodeID, tr.ForkedFrom)
+		}
+	}
+}
