@@ -75,18 +75,8 @@ func (s *Server) subagentPolicies(ctx context.Context, tasks []*agent.Task, fiel
 		if err := agent.CheckJudges(t, trajectory.Policy{Endpoint: pr.BaseURL, Model: pr.Model}); err != nil {
 			return nil, taskError(fmt.Errorf("the sub-agent policy: %w", err), fmt.Sprintf("%s[%d]", field, i))
 		}
-		retries := openai.DefaultMaxRetries
-		if pr.MaxRetries != nil {
-			retries = *pr.MaxRetries
-			if retries == 0 {
-				retries = -1
-			}
-		}
 		ep := s.endpoints.get(pr.BaseURL)
-		cfg := openai.Config{BaseURL: pr.BaseURL, Model: pr.Model, APIKey: s.opts.PolicyAPIKey, MaxRetries: retries,
-			Timeout: time.Duration(pr.TimeoutS * float64(time.Second)), HTTPClient: ep.client, TokenizeURL: pr.TokenizeURL}
-		sj, _ := json.Marshal(sampling)
-		info := trajectory.Policy{Kind: "openai", Endpoint: pr.BaseURL, Model: strings.TrimSpace(pr.Model), Sampling: sj}
+		cfg, info := subagentConfig(pr, sampling, s.opts.PolicyAPIKey, ep)
 		var p agent.Policy
 		if pr.Mode == trajectory.ModeTokens {
 			tp, err := s.tokenPolicy(ctx, cfg, f)
@@ -108,6 +98,22 @@ func (s *Server) subagentPolicies(ctx context.Context, tasks []*agent.Task, fiel
 		}
 	}
 	return out, nil
+}
+
+// subagentConfig is the client configuration of a frozen sub-agent policy
+// (its sampling decoded) on endpoint ep, and how its record names it.
+func subagentConfig(pr PolicyRequest, sampling agent.Sampling, apiKey string, ep *endpoint) (openai.Config, trajectory.Policy) {
+	retries := openai.DefaultMaxRetries
+	if pr.MaxRetries != nil {
+		retries = *pr.MaxRetries
+		if retries == 0 {
+			retries = -1
+		}
+	}
+	cfg := openai.Config{BaseURL: pr.BaseURL, Model: pr.Model, APIKey: apiKey, MaxRetries: retries,
+		Timeout: time.Duration(pr.TimeoutS * float64(time.Second)), HTTPClient: ep.client, TokenizeURL: pr.TokenizeURL}
+	sj, _ := json.Marshal(sampling)
+	return cfg, trajectory.Policy{Kind: "openai", Endpoint: pr.BaseURL, Model: strings.TrimSpace(pr.Model), Sampling: sj}
 }
 
 // subagents is how a service episode of task t runs its sub-agents.

@@ -883,18 +883,8 @@ func (w *worker) subagentPolicy(t *agent.Task) (subagentPolicy, error) {
 			return subagentPolicy{}, err
 		}
 	}
-	retries := openai.DefaultMaxRetries
-	if pr.MaxRetries != nil {
-		retries = *pr.MaxRetries
-		if retries == 0 {
-			retries = -1
-		}
-	}
 	ep := w.endpoints.get(pr.BaseURL)
-	cfg := openai.Config{BaseURL: pr.BaseURL, Model: pr.Model, APIKey: w.o.PolicyAPIKey, MaxRetries: retries,
-		Timeout: time.Duration(pr.TimeoutS * float64(time.Second)), HTTPClient: ep.client, TokenizeURL: pr.TokenizeURL}
-	sj, _ := json.Marshal(sampling)
-	info := trajectory.Policy{Kind: "openai", Endpoint: pr.BaseURL, Model: strings.TrimSpace(pr.Model), Sampling: sj}
+	cfg, info := subagentConfig(pr, sampling, w.o.PolicyAPIKey, ep)
 	var p agent.Policy
 	if pr.Mode == trajectory.ModeTokens {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

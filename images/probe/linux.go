@@ -5,7 +5,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -20,6 +19,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"github.com/rollbox/rollbox/internal/tinyelf"
 
 	"golang.org/x/sys/unix"
 
@@ -828,33 +829,11 @@ func forkbomb(o opts) finding {
 
 // pauseELF is a static x86-64 Linux program that calls pause(2) forever.
 func pauseELF() []byte {
-	const base, hdr = 0x400000, 64 + 56
-	code := []byte{
+	return tinyelf.Exec([]byte{
 		0xb8, 0x22, 0x00, 0x00, 0x00, // mov eax, 34 (pause)
 		0x0f, 0x05, // syscall
 		0xeb, 0xf7, // jmp back to mov
-	}
-	b := make([]byte, hdr, hdr+len(code))
-	copy(b, []byte{0x7f, 'E', 'L', 'F', 2, 1, 1})
-	le := binary.LittleEndian
-	le.PutUint16(b[16:], 2)        // ET_EXEC
-	le.PutUint16(b[18:], 0x3e)     // EM_X86_64
-	le.PutUint32(b[20:], 1)        // EV_CURRENT
-	le.PutUint64(b[24:], base+hdr) // entry
-	le.PutUint64(b[32:], 64)       // program headers
-	le.PutUint16(b[52:], 64)       // header size
-	le.PutUint16(b[54:], 56)       // program header size
-	le.PutUint16(b[56:], 1)        // one program header
-	le.PutUint16(b[58:], 64)       // section header size
-	ph := b[64:]
-	le.PutUint32(ph[0:], 1)                      // PT_LOAD
-	le.PutUint32(ph[4:], 5)                      // R+X
-	le.PutUint64(ph[16:], base)                  // vaddr
-	le.PutUint64(ph[24:], base)                  // paddr
-	le.PutUint64(ph[32:], uint64(hdr+len(code))) // filesz
-	le.PutUint64(ph[40:], uint64(hdr+len(code))) // memsz
-	le.PutUint64(ph[48:], 0x1000)                // align
-	return append(b, code...)
+	})
 }
 
 // countTasks counts the threads of every process visible.
