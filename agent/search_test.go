@@ -13,6 +13,7 @@ import (
 	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/retriever"
+	"github.com/rollbox/rollbox/retriever/retrievertest"
 	"github.com/rollbox/rollbox/tools"
 )
 
@@ -50,19 +51,11 @@ const (
 func searchEpisode(t *testing.T, taskJSON string, turns ...agent.Turn) (*trajectory.Trajectory, *turnsPolicy) {
 	t.Helper()
 	dir := t.TempDir()
-	corpus := strings.Join([]string{
+	ix := retrievertest.Index(t, dir,
 		fmt.Sprintf(`{"id": "gzip", "title": "compress/gzip", "text": %q}`, textA),
 		fmt.Sprintf(`{"id": "zlib", "title": "compress/zlib", "text": %q}`, textB),
 		fmt.Sprintf(`{"id": "http", "title": "net/http", "text": %q}`, textC),
-	}, "\n")
-	if _, err := retriever.Build(context.Background(), filepath.Join(dir, "index"), strings.NewReader(corpus), retriever.BuildOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	ix, err := retriever.Open(filepath.Join(dir, "index"), retriever.OpenOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ix.Close()
+	)
 	tasks, err := agent.ReadTasks(strings.NewReader(strings.Join(strings.Fields(taskJSON), " ")), filepath.Join(dir, "tasks.jsonl"), tools.Known)
 	if err != nil {
 		t.Fatal(err)

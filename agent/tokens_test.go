@@ -14,6 +14,7 @@ import (
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/internal/fakepolicy"
 	"github.com/rollbox/rollbox/retriever"
+	"github.com/rollbox/rollbox/retriever/retrievertest"
 	"github.com/rollbox/rollbox/tools"
 )
 
@@ -204,19 +205,11 @@ func segmentHeads(segs []trajectory.Segment) []string {
 func tokenSearchEpisode(t *testing.T, taskJSON string, p *openai.TokenPolicy) *trajectory.Trajectory {
 	t.Helper()
 	dir := t.TempDir()
-	corpus := strings.Join([]string{
+	ix := retrievertest.Index(t, dir,
 		fmt.Sprintf(`{"id": "gzip", "title": "compress/gzip", "text": %q}`, textA),
 		fmt.Sprintf(`{"id": "zlib", "title": "compress/zlib", "text": %q}`, textB),
 		fmt.Sprintf(`{"id": "http", "title": "net/http", "text": %q}`, textC),
-	}, "\n")
-	if _, err := retriever.Build(context.Background(), filepath.Join(dir, "index"), strings.NewReader(corpus), retriever.BuildOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	ix, err := retriever.Open(filepath.Join(dir, "index"), retriever.OpenOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ix.Close() })
+	)
 	tasks, err := agent.ReadTasks(strings.NewReader(strings.Join(strings.Fields(taskJSON), " ")), filepath.Join(dir, "tasks.jsonl"), tools.Known)
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/internal/fakepolicy"
 	"github.com/rollbox/rollbox/retriever"
+	"github.com/rollbox/rollbox/retriever/retrievertest"
 	"github.com/rollbox/rollbox/runtime"
 	"github.com/rollbox/rollbox/sandbox/wasm/wasmtest"
 	"github.com/rollbox/rollbox/tools"
@@ -164,19 +165,11 @@ var segmentColumns = []string{"episode_id", "rollout_id", "group_id", "group_ind
 
 func TestASearchEpisodeThatPrunesExportsOneParquetRowPerSegment(t *testing.T) {
 	dir := t.TempDir()
-	corpus := strings.Join([]string{
+	ix := retrievertest.Index(t, dir,
 		`{"id": "gzip", "title": "compress/gzip", "text": "Package gzip implements reading and writing of gzip format compressed files."}`,
 		`{"id": "zlib", "title": "compress/zlib", "text": "Package zlib implements reading and writing of zlib format compressed data."}`,
 		`{"id": "http", "title": "net/http", "text": "Package http provides HTTP client and server implementations."}`,
-	}, "\n")
-	if _, err := retriever.Build(context.Background(), filepath.Join(dir, "index"), strings.NewReader(corpus), retriever.BuildOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	ix, err := retriever.Open(filepath.Join(dir, "index"), retriever.OpenOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ix.Close()
+	)
 	tasks, err := agent.ReadTasks(strings.NewReader(`{"id": "compress", "prompt": "Which packages compress?", "retriever": {"index": "index"}, "reward": {"type": "fbeta", "relevant": ["gzip", "zlib"]}}`),
 		filepath.Join(dir, "tasks.jsonl"), tools.Known)
 	if err != nil {

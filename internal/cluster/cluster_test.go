@@ -502,26 +502,71 @@ func (c *coordinator) metric(sample string) float64 {
 	return 0
 }
 
+// callHold holds the policy calls handed to it until release: blocked
+// receives one value per call held; calls after release pass.
+type callHold struct {
+	blocked chan struct{}
+	done    chan struct{}
+	once    sync.Once
+}
+
+func newCallHold() *callHold {
+	return &callHold{blocked: make(chan struct{}, 16), done: make(chan struct{})}
+}
+
+func (h *callHold) hold() {
+	select {
+	case <-h.done:
+	default:
+		h.blocked <- struct{}{}
+		<-h.done
+	}
+}
+
+func (h *callHold) release() { h.once.Do(func() { close(h.done) }) }
+
 // gatePolicy answers like scripted, but holds every call for a second turn
-// until release is closed; blocked receives one value per call held.
+// until release is called; blocked receives one value per call held.
 func gatePolicy() (p *fakepolicy.Server, blocked chan struct{}, release func()) {
-	blocked, done := make(chan struct{}, 16), make(chan struct{})
-	var once sync.Once
+	h := newCallHold()
 	p = mustPolicy(fakepolicy.Config{Responder: fakepolicy.Script(
 		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "bash", Arguments: `{"command":"cat /work/n"}`}}},
 		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "finish", Arguments: `{"answer":"a"}`}}},
 	), Fault: func(_ int64, req *fakepolicy.Request) fakepolicy.Fault {
 		if req.AssistantTurns() >= 1 {
-			select {
-			case <-done:
-			default:
-				blocked <- struct{}{}
-				<-done
-			}
+			h.hold()
 		}
 		return fakepolicy.Fault{}
 	}})
-	return p, blocked, func() { once.Do(func() { close(done) }) }
+	return p, h.blocked, h.release
+}
+
+// fifoGateTask is the task "gate" (wasm, answer "a"), with more fields
+// (JSON members, "" for none), whose workspace is a FIFO: its open, before
+// any policy call, blocks on the worker until the test writes tarball (a
+// one-file tar) into fifo.
+func fifoGateTask(t *testing.T, more string) (gate *agent.Task, fifo string, tarball []byte) {
+	t.Helper()
+	dir := t.TempDir()
+	fifo = filepath.Join(dir, "ws.tar")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if more != "" {
+		more = ", " + more
+	}
+	gate, err := agent.ParseTask([]byte(fmt.Sprintf(`{"id": "gate", "prompt": "Answer.", "sandbox": {"backend": "wasm"},
+		"files": {"/work/n": "1"}, "workspace": {"from": %q, "to": "/work/ws"}, "tools": ["bash", "finish"],
+		"reward": {"type": "exact", "answer": "a"}%s}`, fifo, more)), dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	tw.WriteHeader(&tar.Header{Name: "x", Mode: 0o644, Size: 1, Typeflag: tar.TypeReg})
+	tw.Write([]byte("x"))
+	tw.Close()
+	return gate, fifo, b.Bytes()
 }
 
 // waitRunning waits until worker id reports n episodes running.
@@ -563,24 +608,7 @@ func TestAWorkerKilledMidEpisode(t *testing.T) {
 		workers[id] = w
 		return w
 	}
-	// A task whose workspace is a FIFO: its open (before any policy call)
-	// blocks on the worker until the test writes the tar.
-	dir := t.TempDir()
-	fifo := filepath.Join(dir, "ws.tar")
-	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	gate, err := agent.ParseTask([]byte(fmt.Sprintf(`{"id": "gate", "prompt": "Answer.", "sandbox": {"backend": "wasm"},
-		"files": {"/work/n": "1"}, "workspace": {"from": %q, "to": "/work/ws"}, "tools": ["bash", "finish"],
-		"reward": {"type": "exact", "answer": "a"}}`, fifo)), dir, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var tarball bytes.Buffer
-	tw := tar.NewWriter(&tarball)
-	tw.WriteHeader(&tar.Header{Name: "x", Mode: 0o644, Size: 1, Typeflag: tar.TypeReg})
-	tw.Write([]byte("x"))
-	tw.Close()
+	gate, fifo, tarball := fifoGateTask(t, "")
 
 	ns := startNATS(t, "", 0)
 	coord := startService(t, "", ns.url, func(o *runtime.Options) { o.Catalog = []*agent.Task{gate} })
@@ -599,7 +627,7 @@ func TestAWorkerKilledMidEpisode(t *testing.T) {
 		go func() {
 			f, err := os.OpenFile(fifo, os.O_WRONLY, 0) // blocks until wB reads
 			if err == nil {
-				f.Write(tarball.Bytes())
+				f.Write(tarball)
 				f.Close()
 			}
 		}()

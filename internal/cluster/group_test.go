@@ -1,14 +1,10 @@
 package cluster_test
 
 import (
-	"archive/tar"
-	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -156,23 +152,7 @@ func TestAWorkerKilledMidGroup(t *testing.T) {
 		workers[id] = w
 		return w
 	}
-	dir := t.TempDir()
-	ws := filepath.Join(dir, "ws.tar")
-	if err := syscall.Mkfifo(ws, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	gate, err := agent.ParseTask([]byte(fmt.Sprintf(`{"id": "gate", "prompt": "Answer.", "sandbox": {"backend": "wasm"},
-		"files": {"/work/n": "1"}, "workspace": {"from": %q, "to": "/work/ws"}, "tools": ["bash", "finish"],
-		"reward": {"type": "exact", "answer": "a"},
-		"prefix": {"turns": [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo prefix >> /work/n"}}]}]}}`, ws)), dir, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var tarball bytes.Buffer
-	tw := tar.NewWriter(&tarball)
-	tw.WriteHeader(&tar.Header{Name: "x", Mode: 0o644, Size: 1, Typeflag: tar.TypeReg})
-	tw.Write([]byte("x"))
-	tw.Close()
+	gate, ws, tarball := fifoGateTask(t, `"prefix": {"turns": [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo prefix >> /work/n"}}]}]}`)
 	ns := startNATS(t, "", 0)
 	natsURL = ns.url
 	coord := startService(t, "", ns.url, func(o *runtime.Options) { o.Catalog = []*agent.Task{gate} })
@@ -206,7 +186,7 @@ func TestAWorkerKilledMidGroup(t *testing.T) {
 		go func() {
 			f, err := os.OpenFile(ws, os.O_WRONLY, 0) // blocks until wB reads
 			if err == nil {
-				f.Write(tarball.Bytes())
+				f.Write(tarball)
 				f.Close()
 			}
 		}()
@@ -234,7 +214,7 @@ func TestAWorkerKilledMidGroup(t *testing.T) {
 	})
 	// From here the workspace is a plain archive: the open goes through.
 	os.Remove(ws)
-	if err := os.WriteFile(ws, tarball.Bytes(), 0o644); err != nil {
+	if err := os.WriteFile(ws, tarball, 0o644); err != nil {
 		t.Fatal(err)
 	}
 
@@ -248,18 +228,12 @@ func TestAWorkerKilledMidGroup(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// Every member's second call is held.
-			blocked, held := make(chan struct{}, 16), make(chan struct{})
-			var once sync.Once
-			release := func() { once.Do(func() { close(held) }) }
+			h := newCallHold()
+			blocked, release := h.blocked, h.release
 			defer release()
 			pol := prefixScript(0, func(_ int64, req *fakepolicy.Request) fakepolicy.Fault {
 				if req.AssistantTurns() >= 2 {
-					select {
-					case <-held:
-					default:
-						blocked <- struct{}{}
-						<-held
-					}
+					h.hold()
 				}
 				return fakepolicy.Fault{}
 			})
@@ -385,17 +359,11 @@ func TestAWorkerKilledWhileAnOrchestratorsSubagentsRun(t *testing.T) {
 		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "spawn_subagents", Arguments: `{"tasks": [{"prompt": "look at a"}, {"prompt": "look at b"}]}`}}},
 		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "finish", Arguments: `{"answer": "done"}`}}})})
 	defer orch.Close()
-	blocked, held := make(chan struct{}, 16), make(chan struct{})
-	var once sync.Once
-	release := func() { once.Do(func() { close(held) }) }
+	h := newCallHold()
+	blocked, release := h.blocked, h.release
 	defer release()
 	sub := mustPolicy(fakepolicy.Config{Responder: fakepolicy.BashThenFinish(1), Fault: func(_ int64, _ *fakepolicy.Request) fakepolicy.Fault {
-		select {
-		case <-held:
-		default:
-			blocked <- struct{}{}
-			<-held
-		}
+		h.hold()
 		return fakepolicy.Fault{}
 	}})
 	defer sub.Close()

@@ -1,7 +1,6 @@
 package cluster_test
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"github.com/rollbox/rollbox/internal/cluster"
 	"github.com/rollbox/rollbox/internal/fakepolicy"
 	"github.com/rollbox/rollbox/retriever"
+	"github.com/rollbox/rollbox/retriever/retrievertest"
 	"github.com/rollbox/rollbox/runtime"
 	"github.com/rollbox/rollbox/tools"
 )
@@ -23,19 +23,11 @@ import (
 func searchSetup(t *testing.T) ([]*agent.Task, *retriever.Index) {
 	t.Helper()
 	dir := t.TempDir()
-	corpus := strings.Join([]string{
+	ix := retrievertest.Index(t, dir,
 		`{"id": "gzip", "title": "compress/gzip", "text": "Package gzip implements reading and writing of gzip format compressed files."}`,
 		`{"id": "zlib", "title": "compress/zlib", "text": "Package zlib implements reading and writing of zlib format compressed data."}`,
 		`{"id": "http", "title": "net/http", "text": "Package http provides HTTP client and server implementations."}`,
-	}, "\n")
-	if _, err := retriever.Build(context.Background(), filepath.Join(dir, "index"), strings.NewReader(corpus), retriever.BuildOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	ix, err := retriever.Open(filepath.Join(dir, "index"), retriever.OpenOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ix.Close() })
+	)
 	lines := ""
 	for _, id := range []string{"compress", "elsewhere"} {
 		lines += `{"id": "` + id + `", "prompt": "Which packages compress?", "sandbox": {"backend": "wasm"}, "retriever": {"index": "index"}, "reward": {"type": "fbeta", "relevant": ["gzip", "zlib"]}}` + "\n"

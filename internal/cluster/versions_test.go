@@ -17,16 +17,23 @@ import (
 // with max_staleness 1; once every episode has had its first turn it
 // announces v2 (none is stale yet) and v3 (all are). It returns the
 // episodes and what each announcement cancelled.
-func versionsRun(t *testing.T, c *coordinator) (eps []*trajectory.Trajectory, cancelled []int, st runtime.RolloutStatus) {
-	t.Helper()
-	var firsts atomic.Int64 // episodes whose first turn is recorded (their second asked for)
+// slowPolicy answers bash 50 times then finish, 200 ms a call, and counts
+// the episodes whose second turn was asked for (their first recorded).
+func slowPolicy() (*fakepolicy.Server, *atomic.Int64) {
+	var n atomic.Int64
 	pol := mustPolicy(fakepolicy.Config{Latency: 200 * time.Millisecond, Responder: fakepolicy.BashThenFinish(50),
 		Fault: func(_ int64, req *fakepolicy.Request) fakepolicy.Fault {
 			if req.AssistantTurns() == 1 {
-				firsts.Add(1)
+				n.Add(1)
 			}
 			return fakepolicy.Fault{}
 		}})
+	return pol, &n
+}
+
+func versionsRun(t *testing.T, c *coordinator) (eps []*trajectory.Trajectory, cancelled []int, st runtime.RolloutStatus) {
+	t.Helper()
+	pol, firsts := slowPolicy() // firsts: episodes whose first turn is recorded (their second asked for)
 	defer pol.Close()
 	var tasks []map[string]any
 	for _, id := range []string{"a", "b"} {
@@ -126,14 +133,7 @@ func maxStr(p *int) string {
 func TestACoordinatorKilledKeepsItsRolloutsPolicyVersions(t *testing.T) {
 	t.Parallel() // its own NATS server, data directories and worker processes: it mostly waits on them
 
-	var seconds atomic.Int64 // episodes whose first turn is recorded
-	pol := mustPolicy(fakepolicy.Config{Latency: 200 * time.Millisecond, Responder: fakepolicy.BashThenFinish(50),
-		Fault: func(_ int64, req *fakepolicy.Request) fakepolicy.Fault {
-			if req.AssistantTurns() == 1 {
-				seconds.Add(1)
-			}
-			return fakepolicy.Fault{}
-		}})
+	pol, seconds := slowPolicy() // seconds: episodes whose first turn is recorded
 	defer pol.Close()
 	task := map[string]any{"id": "a", "prompt": "Task a.", "sandbox": map[string]any{"backend": "wasm"}, "tools": []string{"bash", "finish"},
 		"limits": map[string]any{"max_turns": 60}, "reward": map[string]any{"type": "exact", "answer": "done"}}
