@@ -31,6 +31,7 @@ import (
 	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/internal/fakepolicy"
+	"github.com/rollbox/rollbox/internal/testbin"
 	"github.com/rollbox/rollbox/runtime"
 	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/sandbox/wasm/wasmtest"
@@ -38,41 +39,12 @@ import (
 
 // The cluster tests run a real NATS JetStream server embedded in the test
 // process, the coordinator (runtime.Server with Cluster) in the test
-// process, and real `rollbox worker` processes of a binary built once per
-// test binary.
-
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
+// process, and real `rollbox worker` processes of a binary built once
+// (testbin: shared with the other packages' tests of the same sources).
 
 func rollboxBinary(t testing.TB) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "rollbox-cluster-test-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "rollbox")
-		out, err := exec.Command("go", "build", "-o", binPath, "github.com/rollbox/rollbox/cmd/rollbox").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
-}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if binPath != "" {
-		os.RemoveAll(filepath.Dir(binPath))
-	}
-	os.Exit(code)
+	return testbin.Build(t, "./cmd/rollbox")
 }
 
 // natsServer is an embedded NATS server with JetStream storing in dir.
@@ -90,10 +62,20 @@ func startNATS(t testing.TB, dir string, port int) *natsServer {
 	if dir == "" {
 		dir = t.TempDir()
 	}
+	n := &natsServer{dir: dir, port: port}
+	n.start(t)
+	n.url = n.srv.ClientURL()
+	t.Cleanup(n.stop)
+	return n
+}
+
+func (n *natsServer) start(t testing.TB) {
+	t.Helper()
+	port := n.port
 	if port == 0 {
 		port = -1
 	}
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true})
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: n.dir, NoSigs: true, NoLog: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,9 +83,18 @@ func startNATS(t testing.TB, dir string, port int) *natsServer {
 	if !ns.ReadyForConnections(10 * time.Second) {
 		t.Fatal("the embedded NATS server did not start")
 	}
-	n := &natsServer{srv: ns, url: ns.ClientURL(), dir: dir, port: ns.Addr().(*net.TCPAddr).Port}
-	t.Cleanup(n.stop)
-	return n
+	n.srv, n.port = ns, ns.Addr().(*net.TCPAddr).Port
+}
+
+// restart stops the server and starts it again after pause, on its port
+// and store. Its stop at the end of the test stays where startNATS put it,
+// after the workers' (a worker told to stop leaves through NATS: without
+// it, it is killed after its grace period, 20 s).
+func (n *natsServer) restart(t testing.TB, pause time.Duration) {
+	t.Helper()
+	n.stop()
+	time.Sleep(pause)
+	n.start(t)
 }
 
 func (n *natsServer) stop() {
@@ -277,11 +268,20 @@ func (c *coordinator) episodes(id string, limit time.Duration) []*trajectory.Tra
 
 // worker is a `rollbox worker` process.
 type worker struct {
-	id  string
-	cmd *exec.Cmd
-	log *bytes.Buffer
-	mu  *sync.Mutex
+	id     string
+	cmd    *exec.Cmd
+	log    *bytes.Buffer
+	mu     *sync.Mutex
+	termed bool // sent SIGTERM (a second one stops it at once)
 }
+
+// workersOf are each test's workers not yet told to stop: the first of
+// them stopped at the end of the test tells them all, so that they drain
+// at the same time (a worker takes about a second) rather than in turn.
+var (
+	workersMu sync.Mutex
+	workersOf = map[testing.TB][]*worker{}
+)
 
 type syncBuffer struct {
 	mu *sync.Mutex
@@ -308,13 +308,32 @@ func startWorker(t testing.TB, natsURL, id, backend string, slots int, args ...s
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	workersMu.Lock()
+	workersOf[t] = append(workersOf[t], w)
+	workersMu.Unlock()
 	t.Cleanup(func() {
-		stopProcess(cmd, 20*time.Second)
+		workersMu.Lock()
+		all := workersOf[t]
+		delete(workersOf, t)
+		workersMu.Unlock()
+		for _, o := range all {
+			o.term()
+		}
+		w.term()
+		waitProcess(cmd, 20*time.Second)
 		if t.Failed() || testing.Verbose() {
 			t.Logf("worker %s log:\n%s", id, w.logText())
 		}
 	})
 	return w
+}
+
+// term sends the worker SIGTERM, once, unless it ended.
+func (w *worker) term() {
+	if !w.termed && w.cmd.ProcessState == nil {
+		w.termed = true
+		w.cmd.Process.Signal(syscall.SIGTERM)
+	}
 }
 
 func (w *worker) logText() string {
@@ -717,8 +736,9 @@ func freePort(t testing.TB) int {
 // that it can be SIGKILLed.
 type serveProcess struct {
 	*coordinator
-	cmd *exec.Cmd
-	log syncBuffer
+	cmd  *exec.Cmd
+	args []string
+	log  syncBuffer
 }
 
 // startServe starts `rollbox serve` on data and port: a coordinator of
@@ -729,28 +749,37 @@ func startServe(t testing.TB, natsURL, data string, port int) *serveProcess {
 	if natsURL != "" {
 		args = append(args, "--cluster", natsURL, "--heartbeat", "200ms")
 	}
-	cmd := exec.Command(rollboxBinary(t), args...)
-	p := &serveProcess{coordinator: &coordinator{t: t, url: fmt.Sprintf("http://127.0.0.1:%d", port), data: data}, cmd: cmd,
+	p := &serveProcess{coordinator: &coordinator{t: t, url: fmt.Sprintf("http://127.0.0.1:%d", port), data: data}, args: args,
 		log: syncBuffer{&sync.Mutex{}, &bytes.Buffer{}}}
-	cmd.Stdout, cmd.Stderr = p.log, p.log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() {
-		stopProcess(cmd, 30*time.Second)
+		if p.cmd != nil {
+			stopProcess(p.cmd, 30*time.Second)
+		}
 		if t.Failed() || testing.Verbose() {
 			p.log.mu.Lock()
 			t.Logf("rollbox %s log:\n%s", strings.Join(args, " "), p.log.b.String())
 			p.log.mu.Unlock()
 		}
 	})
+	p.start(t)
+	return p
+}
+
+func (p *serveProcess) start(t testing.TB) {
+	t.Helper()
+	cmd := exec.Command(rollboxBinary(t), p.args...)
+	cmd.Stdout, cmd.Stderr = p.log, p.log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p.cmd = cmd
 	deadline := time.Now().Add(time.Minute)
 	for {
 		resp, err := http.Get(p.url + "/healthz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return p
+				return
 			}
 		}
 		if time.Now().After(deadline) {
@@ -758,6 +787,22 @@ func startServe(t testing.TB, natsURL, data string, port int) *serveProcess {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// kill SIGKILLs the process and reaps it.
+func (p *serveProcess) kill() {
+	p.cmd.Process.Kill()
+	p.cmd.Wait()
+}
+
+// restart starts the process again (after kill), on the same data and
+// port. It keeps its place among the test's cleanups: it is stopped after
+// the workers started since (a draining worker waits for its coordinator
+// to store what it ran: without it, it is killed after its 20 s grace).
+func (p *serveProcess) restart(t testing.TB) {
+	t.Helper()
+	fmt.Fprintf(p.log, "--- %s: started again\n", time.Now().Format(time.StampMilli))
+	p.start(t)
 }
 
 // waitDone waits until a rollout has at least n episodes done.
@@ -790,8 +835,7 @@ func TestTheCoordinatorKilledAndNATSRestartedLoseNothing(t *testing.T) {
 	single := startService(t, "", "")
 	want := outcomes(t, single.episodes(single.submit(rolloutRequest(pol.URL(), tasks, group, nil)), 2*time.Minute))
 
-	natsDir := t.TempDir()
-	ns := startNATS(t, natsDir, 0)
+	ns := startNATS(t, "", 0)
 	data, port := t.TempDir(), freePort(t)
 	coord := startServe(t, ns.url, data, port)
 	startWorker(t, ns.url, "w1", "wasm", 2)
@@ -800,16 +844,13 @@ func TestTheCoordinatorKilledAndNATSRestartedLoseNothing(t *testing.T) {
 	id := coord.submit(rolloutRequest(pol.URL(), tasks, group, nil))
 	coord.waitDone(id, 4)
 	t.Logf("%s: 4 episodes done; SIGKILL the coordinator", time.Now().Format(time.StampMilli))
-	coord.cmd.Process.Kill()
-	coord.cmd.Wait()
+	coord.kill()
 	time.Sleep(300 * time.Millisecond) // the workers go on meanwhile
-	coord = startServe(t, ns.url, data, port)
+	coord.restart(t)
 	t.Logf("%s: coordinator started again", time.Now().Format(time.StampMilli))
 	coord.waitDone(id, 14)
 	t.Logf("%s: 14 episodes done; NATS restarts", time.Now().Format(time.StampMilli))
-	ns.stop()
-	time.Sleep(500 * time.Millisecond)
-	ns = startNATS(t, natsDir, ns.port)
+	ns.restart(t, 500*time.Millisecond)
 	got := coord.episodes(id, 3*time.Minute)
 	t.Logf("%s: the rollout ended", time.Now().Format(time.StampMilli))
 	compareOutcomes(t, outcomes(t, got), want)
@@ -1002,6 +1043,14 @@ func stopProcess(cmd *exec.Cmd, grace time.Duration) {
 		return
 	}
 	cmd.Process.Signal(syscall.SIGTERM)
+	waitProcess(cmd, grace)
+}
+
+// waitProcess reaps a child, SIGKILLed after grace.
+func waitProcess(cmd *exec.Cmd, grace time.Duration) {
+	if cmd.ProcessState != nil {
+		return
+	}
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
 	select {

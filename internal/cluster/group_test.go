@@ -419,10 +419,9 @@ func TestTheCoordinatorKilledMidGroupLosesNothing(t *testing.T) {
 	coord.waitWorkers(2)
 	id := coord.submit(rolloutRequest(pol.URL(), tasks, group, nil))
 	coord.waitDone(id, 3)
-	coord.cmd.Process.Kill()
-	coord.cmd.Wait()
+	coord.kill()
 	time.Sleep(300 * time.Millisecond) // the workers go on meanwhile
-	coord = startServe(t, ns.url, data, port)
+	coord.restart(t)
 	got := coord.episodes(id, 3*time.Minute)
 	compareOutcomes(t, outcomes(t, got), outcomes(t, want))
 	gs, ws := shapes(got), shapes(want)

@@ -55,8 +55,7 @@ func TestAWorkerServesItsMetrics(t *testing.T) {
 	in := ix.Info()
 	pol := scripted(0)
 	defer pol.Close()
-	natsDir := t.TempDir()
-	ns := startNATS(t, natsDir, 0)
+	ns := startNATS(t, "", 0)
 	coord := startService(t, "", ns.url, func(o *runtime.Options) {
 		o.Catalog = tasks
 		o.SearchIndex = func(*agent.Task) (string, error) { // not the workers' index: an infrastructure failure there
@@ -106,9 +105,7 @@ func TestAWorkerServesItsMetrics(t *testing.T) {
 	}
 
 	// NATS restarts: both connections reconnect, and say so.
-	ns.stop()
-	time.Sleep(300 * time.Millisecond)
-	startNATS(t, natsDir, ns.port)
+	ns.restart(t, 300*time.Millisecond)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		_, m = scrape(t, url)

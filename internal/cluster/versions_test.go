@@ -150,9 +150,8 @@ func TestACoordinatorKilledKeepsItsRolloutsPolicyVersions(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	coord.cmd.Process.Kill()
-	coord.cmd.Wait()
-	coord = startServe(t, ns.url, data, port)
+	coord.kill()
+	coord.restart(t)
 
 	var st runtime.RolloutStatus
 	coord.do("GET", "/v1/rollouts/"+id, nil, &st)
