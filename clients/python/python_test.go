@@ -10,10 +10,11 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/rollbox/rollbox/internal/testbin"
 )
 
 func ci() bool {
@@ -48,24 +49,13 @@ func python(t *testing.T) string {
 	return ""
 }
 
-func build(t *testing.T, dir, pkg, name string) string {
-	out := filepath.Join(dir, name)
-	cmd := exec.Command("go", "build", "-o", out, pkg)
-	cmd.Dir = filepath.Join("..", "..")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
-	}
-	return out
-}
-
 func TestPythonClient(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the Python client's suite starts services")
 	}
 	py := python(t)
-	bin := t.TempDir()
-	rollbox := build(t, bin, "./cmd/rollbox", "rollbox")
-	fake := build(t, bin, "./internal/fakepolicy/fakepolicyd", "fakepolicyd")
+	rollbox := testbin.Build(t, "./cmd/rollbox")
+	fake := testbin.Build(t, "./internal/fakepolicy/fakepolicyd")
 	cmd := exec.CommandContext(t.Context(), py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests")
 	cmd.Env = append(os.Environ(), "ROLLBOX_BIN="+rollbox, "ROLLBOX_FAKEPOLICY_BIN="+fake, "PYTHONDONTWRITEBYTECODE=1")
 	r, w := io.Pipe()

@@ -18,6 +18,7 @@ import (
 
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/images"
+	"github.com/rollbox/rollbox/internal/testbin"
 	"github.com/rollbox/rollbox/sandbox/docker"
 )
 
@@ -32,10 +33,7 @@ func TestGCAfterAKilledRunLeavesNothing(t *testing.T) {
 	needDocker(t)
 	ctx := context.Background()
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "rollbox")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := testbin.Build(t, "./cmd/rollbox")
 	guest, err := images.NewBuilder(nil).Build(ctx, guestTarget)
 	if err != nil {
 		t.Fatal(err)
