@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -12,9 +11,10 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/rollbox/rollbox/internal/testbin"
 )
 
 // notRun lists the commands the docs show that TestEveryDocumentedCommandRuns
@@ -94,6 +94,13 @@ type server struct {
 	addr string
 }
 
+// rollboxBinary is cmd/rollbox built from the current sources (testbin:
+// one build, shared with the other packages' tests).
+func rollboxBinary(t *testing.T) string {
+	t.Helper()
+	return testbin.Build(t, "./cmd/rollbox")
+}
+
 // TestEveryDocumentedCommandRuns drives the real binary through every
 // command the README and the docs show that needs no GPU, on the WASM
 // backend and on Docker, in the order they show them, in a directory of
@@ -101,42 +108,6 @@ type server struct {
 // from the code. Placeholders (<rollout>, <episode>, EPISODE.json, <episode
 // id>) take the values the commands before them produced; servers listen
 // on a port of their own instead of the documented one.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
-	os.Exit(code)
-}
-
-var (
-	buildOnce sync.Once
-	binDir    string
-	binErr    error
-)
-
-// rollboxBinary builds cmd/rollbox once for the package's tests and
-// returns its path.
-func rollboxBinary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		began := time.Now()
-		if binDir, binErr = os.MkdirTemp("", "rollbox-docs-bin-"); binErr != nil {
-			return
-		}
-		build := exec.Command("go", "build", "-o", filepath.Join(binDir, "rollbox"), "./cmd/rollbox")
-		build.Dir = repoRoot
-		if out, err := build.CombinedOutput(); err != nil {
-			binErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-		fmt.Fprintf(os.Stderr, "docs tests: go build ./cmd/rollbox took %v\n", time.Since(began).Round(time.Millisecond))
-	})
-	if binErr != nil {
-		t.Fatal(binErr)
-	}
-	return filepath.Join(binDir, "rollbox")
-}
-
 func TestEveryDocumentedCommandRuns(t *testing.T) {
 	root, err := filepath.Abs(repoRoot)
 	if err != nil {

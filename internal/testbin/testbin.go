@@ -68,7 +68,7 @@ func build(pkg string) (string, error) {
 		return "", err
 	}
 	sum := sha256.Sum256([]byte(root))
-	dir := filepath.Join(os.TempDir(), "rollbox-testbin-"+hex.EncodeToString(sum[:8]))
+	dir := filepath.Join(os.TempDir(), "rollbox-testbins-"+hex.EncodeToString(sum[:8]))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
@@ -82,7 +82,12 @@ func build(pkg string) (string, error) {
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
 		return "", fmt.Errorf("lock %s: %w", lock.Name(), err)
 	}
-	out := filepath.Join(dir, filepath.Base(pkg))
+	// A directory per command: a test may put it on PATH.
+	name := filepath.Base(pkg)
+	if err := os.MkdirAll(filepath.Join(dir, name), 0o755); err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, name, name)
 	began := time.Now()
 	b, err := goBuild(root, out, pkg)
 	if err != nil {
