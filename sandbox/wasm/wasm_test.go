@@ -36,6 +36,9 @@ func TestConformance(t *testing.T) {
 		NoProcesses:    "WASI has no processes: background jobs and pipeline stages are goroutines of the host-side shell, all stopped with the command",
 		NoNetworkStack: "WASI preview 1 modules get no sockets and the shell has no network commands",
 		BoundsJobs:     true,
+		// The shell has head (a Go builtin here, in this process) and no dd.
+		FloodCommand: "head -c 1000000000 /dev/zero",
+		FloodBytes:   1_000_000_000,
 		Remains: func(t *testing.T, info sandbox.Info) []string {
 			var left []string
 			if slices.Contains(testBackend.Live(), info.ID) {
