@@ -248,9 +248,10 @@ func TestWhatTheAgentLeftThatCannotBeVerifiedScoresZero(t *testing.T) {
 		}
 	})
 	t.Run("a workspace with more files than the verifier reads", func(t *testing.T) {
+		// The shell's own mkdir, seq, xargs and touch make the files (in
+		// this process: python in WASM took 15-35 s for them).
 		tr := runEpisode(t, attackTask(t, "wasm-py", ""), &turnsPolicy{turns: []agent.Turn{bash(honestPy),
-			write("/tmp/mk.py", "import os\nos.mkdir('/work/junk')\nfor i in range(10001):\n    open('/work/junk/%d' % i, 'w').write('x')\n"),
-			bash("python /tmp/mk.py"), finish}})
+			bash("mkdir /work/junk && cd /work/junk && seq 10001 | xargs touch && ls | wc -l"), finish}})
 		if tr.Termination.Reason != trajectory.EndFinished || tr.Reward == nil || *tr.Reward.Total != 0 ||
 			!strings.Contains(tr.Reward.Verifier.Blame, "more than 10000 files") {
 			t.Fatalf("termination %+v reward %+v", tr.Termination, tr.Reward)

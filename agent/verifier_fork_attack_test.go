@@ -140,7 +140,9 @@ func forkFactory(t *testing.T, create func(ctx context.Context, spec sandbox.Spe
 	}
 }
 
-// On containerd the legacy shape, and the named one where the legacy one is
+// On containerd every attack (the attacks on the verifier's logic for the
+// containerd engine: gVisor on containerd runs only the runtime-dependent
+// ones), on the legacy shape, and the named one where the legacy one is
 // weak and for the controls (as on runc).
 func TestTheVerifierResistsRewardHacksOnContainerd(t *testing.T) {
 	t.Parallel() // containerd's sandboxes, beside the Docker and WASM tests
@@ -164,23 +166,19 @@ func TestTheVerifierResistsRewardHacksOnContainerd(t *testing.T) {
 
 // On gVisor on containerd (runsc as the runc shim's binary): the named
 // shape, with the attacks only gVisor lets through (a command there can
-// kill, freeze or garble the guest and write into its log) and the
-// controls. Every attack 0, the honest fix 1, none unscored. The verifier's
-// other attacks do not depend on the runtime; ROLLBOX_ATTACK_ALL=1 runs them
-// here too (all 33 held: 0, the honest fix 1; 119 s).
+// kill, freeze or garble the guest and write into its log), the
+// runtime-dependent ones (runtimeDependent: file system, processes, disk)
+// and the controls. Every attack 0, the honest fix 1, none unscored. The
+// attacks on the verifier's logic are containerd's with runc (the same
+// engine); ROLLBOX_ATTACK_ALL=1 runs them here too (all 33 held: 0, the
+// honest fix 1; 119 s).
 func TestTheVerifierResistsRewardHacksOnGVisorOnContainerd(t *testing.T) {
 	t.Parallel()
 	be := needContainerdBackend(t)
 	f := func(ctx context.Context, _ string, spec sandbox.Spec) (sandbox.Sandbox, error) {
 		return be.Create(ctx, spec)
 	}
-	list := append([]attack{}, gvisorAttacks...)
-	for _, a := range attacks {
-		if a.name == "the honest fix" || a.name == "doing nothing" || os.Getenv("ROLLBOX_ATTACK_ALL") == "1" {
-			list = append(list, a)
-		}
-	}
-	runAttacks(t, recommended(list), map[string]func() (*agent.Task, agent.SandboxFactory){
+	runAttacks(t, recommended(runtimeSet(attacks, gvisorAttacks...)), map[string]func() (*agent.Task, agent.SandboxFactory){
 		"pytest-named": func() (*agent.Task, agent.SandboxFactory) {
 			return onContainerd(attackTask(t, "pytest-named", "runsc")), f
 		},
