@@ -187,8 +187,17 @@ func TestAnEngineSideFailureStaysUnscored(t *testing.T) {
 			for _, o := range outside {
 				t.Run(o.name, func(t *testing.T) {
 					done := make(chan error, 1)
-					tr, _ := abuseEpisode(t, quickBackend(t), rt, "", []map[string]any{bash("sleep 20")}, func(sb sandbox.Sandbox) {
-						time.Sleep(3 * time.Second) // the first call and then the sleep have started
+					tr, _ := abuseEpisode(t, quickBackend(t), rt, "", []map[string]any{bash("touch /tmp/sleeping; sleep 20")}, func(sb sandbox.Sandbox) {
+						// Once the sleep has started (its command says so):
+						// a fixed 3 s wait cost each case seconds.
+						ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+						defer cancel()
+						for ctx.Err() == nil {
+							if _, err := sb.ReadFile(ctx, "/tmp/sleeping", 0); err == nil {
+								break
+							}
+							time.Sleep(50 * time.Millisecond)
+						}
 						done <- o.do(context.Background(), sb.Info().ID)
 					})
 					if err := <-done; err != nil {

@@ -233,3 +233,34 @@ func TestAnEpisodeRecordsAContainerThatCouldNotBeRemoved(t *testing.T) {
 		t.Errorf("RemoveFailures = %d, want 2", b.RemoveFailures())
 	}
 }
+
+// A gVisor container the engine paused (found by the guest's ping) is
+// removed without waiting out dockerd's 10 s for a paused container to
+// exit after its kill: Close unpauses it first (docker rm -f of a paused
+// runsc container took 12 s at a load of 30, unpause and rm 3.4 s).
+func TestClosingAPausedGVisorSandboxDoesNotWaitOutTheEngine(t *testing.T) {
+	t.Parallel() // a sandbox of its own; mostly waits for the ping to fail
+	b := quickBackend(t)
+	ctx := context.Background()
+	sb, err := b.Create(ctx, sandbox.Spec{Image: "base", Runtime: sandbox.RuntimeRunsc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	if err := b.Client().ContainerPause(ctx, sb.Info().ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sb.Exec(ctx, sandbox.ExecRequest{Shell: "true"}); !errors.Is(err, sandbox.ErrSandboxFailed) || !strings.Contains(err.Error(), "paused") {
+		t.Fatalf("a command in a paused sandbox: %v, want ErrSandboxFailed saying it is paused", err)
+	}
+	start := time.Now()
+	if err := sb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 8*time.Second {
+		t.Errorf("Close took %v: the removal waited out the engine's timeout for a paused container", d)
+	}
+	if left := remains(t, sb.Info()); len(left) > 0 {
+		t.Errorf("after Close: %v", left)
+	}
+}
