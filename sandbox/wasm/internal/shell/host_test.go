@@ -135,7 +135,7 @@ func TestMemoryCapHoldsForCodeBuiltAtRunTime(t *testing.T) {
 		`command eval 'x=a; while :; do x=$x$x; done'`,
 		`builtin eval 'x=a; while :; do x=$x$x; done'`,
 		`e=eval; $e 'x=a; while :; do x=$x$x; done'`,
-		`x=$(head -c 2000000 /dev/zero | tr '\0' a); y=${x//a/$x}`,
+		`x=$(head -c 500000 /dev/zero | tr '\0' a); y=${x//a/$x}`,
 		`x=$(head -c 1000 /dev/zero | tr '\0' a); y=${x//a/$(head -c 100000 /dev/zero)}`,
 		`read -r x < <(yes | tr -d '\n')`,
 		`yes | tr -d '\n' | grep x`,
@@ -144,7 +144,7 @@ func TestMemoryCapHoldsForCodeBuiltAtRunTime(t *testing.T) {
 		`yes | tail -n 100000000`,
 		`a=(); while :; do a+=(xxxxxxxxxxxxxxxx); done`,
 		// Many variables, each charged: 1 KB each reaches the cap in
-		// ~16,000 evals (quick even on a loaded machine).
+		// ~4,000 evals (quick even on a loaded machine).
 		`x=$(printf %01000d 0); i=0; while :; do eval "v$i=\$x"; i=$((i+1)); done`,
 		`printf '%*s' 100000000 x`,
 		`cat <<EOF
@@ -152,7 +152,7 @@ $(yes)
 EOF`,
 	} {
 		start := time.Now()
-		_, errs, o := runLimit(t, newFS(), script, 16<<20)
+		_, errs, o := runLimit(t, newFS(), script, 4<<20)
 		if !o.OOM {
 			t.Errorf("%q: not stopped for memory (exit %d, stderr %q)", script, o.ExitCode, errs)
 		}
