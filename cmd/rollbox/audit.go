@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -52,6 +53,7 @@ Exit status: 0 when every probe passed, 1 when one failed, 2 for bad input.`,
 	network := fs.String("network", "", "network: none (default) or bridge, which loosens isolation and fails the network probes")
 	tasksFile := fs.String("tasks", "", "audit the sandbox a task of this task `FILE` asks for (with --task)")
 	taskID := fs.String("task", "", "the task's `ID` in --tasks")
+	probes := fs.StringSlice("probes", nil, "run only these probes, comma-separated `NAMES` (default every probe)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	auditLog := fs.String("audit-log", "", "append the audit sandbox's calls to this hash-chained log `FILE` (default $ROLLBOX_AUDIT_LOG)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
@@ -94,6 +96,11 @@ Exit status: 0 when every probe passed, 1 when one failed, 2 for bad input.`,
 		if err := sandbox.CheckBackend(*backendName); err != nil {
 			return usagef("--backend %v", err)
 		}
+		for _, name := range *probes {
+			if !slices.Contains(audit.Names(), name) {
+				return usagef("--probes: %q is not a probe (%s)", name, strings.Join(audit.Names(), ", "))
+			}
+		}
 		switch *backendName {
 		case sandbox.BackendDocker, sandbox.BackendContainerd:
 			if spec.Image == "" {
@@ -116,7 +123,7 @@ Exit status: 0 when every probe passed, 1 when one failed, 2 for bad input.`,
 		}
 
 		builder := env.cfg.builder(env.stderr)
-		opts := audit.Options{Progress: env.stderr}
+		opts := audit.Options{Progress: env.stderr, Only: *probes}
 		var err error
 		if *backendName == sandbox.BackendWASM {
 			opts.ProbeWASI, err = builder.Build(ctx, probeWASITarget)

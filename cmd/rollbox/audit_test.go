@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -20,6 +21,7 @@ func TestAuditRefusesBadInputBeforeStartingAnything(t *testing.T) {
 		{"a runtime for wasm", []string{"--backend", "wasm", "--runtime", "runsc"}, "no OCI runtime"},
 		{"a task file without a task", []string{"--tasks", "../../examples/coding/tasks.jsonl"}, "--tasks and --task go together"},
 		{"a task that is not there", []string{"--tasks", "../../examples/coding/tasks.jsonl", "--task", "nope"}, `--task "nope" is not in`},
+		{"an unknown probe", []string{"--probes", "network-egress,escape"}, `--probes: "escape" is not a probe (runtime-identity, network-egress,`},
 		{"verify-log without a file", []string{"verify-log"}, "verify-log takes the log's files"},
 	}
 	for _, tt := range tests {
@@ -93,7 +95,11 @@ func TestAuditOfABridgeNetworkSaysSoAndFails(t *testing.T) {
 	t.Parallel() // waits on its containers
 	needDocker(t)
 	setEnv(t, "ROLLBOX_OWNER", "rollbox-test-audit")
-	code, out, stderr := rollbox(t, "audit", "--network", "bridge", "--json")
+	// The probes the network opens, and three it does not touch (the
+	// others are the default spec's: internal/audit's
+	// TestTheDefaultSpecPassesEveryProbe).
+	only := []string{"network-egress", "network-gateway", "network-metadata", "network-dns", "capabilities", "mounts", "memory-balloon"}
+	code, out, stderr := rollbox(t, "audit", "--network", "bridge", "--probes", strings.Join(only, ","), "--json")
 	if code != exitFailure {
 		t.Fatalf("exit %d, want 1: %s", code, stderr)
 	}
@@ -105,10 +111,15 @@ func TestAuditOfABridgeNetworkSaysSoAndFails(t *testing.T) {
 		t.Errorf("no warning on stderr: %s", stderr)
 	}
 	failed := map[string]bool{}
+	var ran []string
 	for _, p := range rep.Probes {
+		ran = append(ran, p.Name)
 		if !p.Pass {
 			failed[p.Name] = true
 		}
+	}
+	if !slices.Equal(ran, only) {
+		t.Errorf("probes %v ran, want --probes' %v", ran, only)
 	}
 	for _, name := range []string{"network-egress", "network-gateway", "network-metadata", "network-dns"} {
 		if !failed[name] {
