@@ -105,10 +105,12 @@ func probe(rep *audit.Report, name string) audit.Probe {
 }
 
 func TestTheDefaultSpecPassesEveryProbe(t *testing.T) {
+	t.Parallel() // beside the loosened audits: the WASM audit (it counts host threads) runs first, alone
 	// The runtimes' audits are independent (a backend and a sandbox each,
 	// every probe judged inside its own sandbox or by its own container's
 	// host view) and mostly wait on the engine: run them side by side.
-	for _, rt := range []string{sandbox.RuntimeRunc, sandbox.RuntimeRunsc} {
+	// gVisor's is the longest audit of the package: it starts first.
+	for _, rt := range []string{sandbox.RuntimeRunsc, sandbox.RuntimeRunc} {
 		t.Run(rt, func(t *testing.T) {
 			t.Parallel()
 			b := dockerBackend(t, docker.Unsafe{})
@@ -131,6 +133,7 @@ func TestTheDefaultSpecPassesEveryProbe(t *testing.T) {
 }
 
 func TestLoosenedSandboxesFailTheProbesThatCoverThem(t *testing.T) {
+	t.Parallel() // its audits fill the time the runsc audit runs on alone
 	tests := []struct {
 		name     string
 		spec     sandbox.Spec
