@@ -619,6 +619,7 @@ func one(t *testing.T, ts []*trajectory.Trajectory) *trajectory.Trajectory {
 // ends cancelled with interrupted: true and its partial journal, unscored;
 // (3) after it asked, in a rollout with retry_interrupted: it runs again.
 func TestAWorkerKilledMidEpisode(t *testing.T) {
+	t.Parallel() // its own NATS server, data directories and worker processes: it mostly waits on them
 	top := t
 	var natsURL string
 	workers := map[string]*worker{}

@@ -144,6 +144,7 @@ func prefixScript(latency time.Duration, fault func(int64, *fakepolicy.Request) 
 // cancelled, interrupted, with its partial journal, once, and nothing runs
 // again; (3) the same with retry_interrupted: the group runs again.
 func TestAWorkerKilledMidGroup(t *testing.T) {
+	t.Parallel() // its own NATS server, data directories and worker processes: it mostly waits on them
 	top := t
 	var natsURL string
 	workers := map[string]*worker{}
@@ -355,6 +356,7 @@ func TestAPARLRolloutOverWorkersMatchesOneHost(t *testing.T) {
 // interrupted, with its partial journal, once, and nothing runs again; with
 // retry_interrupted it runs again, tree and all, on another worker.
 func TestAWorkerKilledWhileAnOrchestratorsSubagentsRun(t *testing.T) {
+	t.Parallel() // its own NATS server, data directories and worker processes: it mostly waits on them
 	orch := mustPolicy(fakepolicy.Config{Responder: fakepolicy.Script(
 		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "spawn_subagents", Arguments: `{"tasks": [{"prompt": "look at a"}, {"prompt": "look at b"}]}`}}},
 		fakepolicy.Reply{ToolCalls: []fakepolicy.ToolCall{{Name: "finish", Arguments: `{"answer": "done"}`}}})})

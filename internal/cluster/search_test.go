@@ -62,6 +62,7 @@ func searchPolicy() *fakepolicy.Server {
 // runs no episode on it: the attempts fail as infrastructure failures and
 // the episode ends sandbox_error naming both.
 func TestSearchTasksOverWorkers(t *testing.T) {
+	t.Parallel() // its own NATS server, data directories and worker processes: it mostly waits on them
 	tasks, ix := searchSetup(t)
 	pol := searchPolicy()
 	defer pol.Close()

@@ -20,6 +20,7 @@ import (
 // its reward), and it says so, not that its episodes are recorded
 // interrupted (what rollbox serve and run say).
 func TestAWorkerStoppedBySIGTERMFinishesWhatItRuns(t *testing.T) {
+	t.Parallel() // its own NATS server, data directories and worker processes: it mostly waits on them
 	pol, blocked, release := gatePolicy()
 	defer pol.Close()
 	defer release()
@@ -98,6 +99,7 @@ func TestASecondWorkerWithALiveWorkersIDIsRefused(t *testing.T) {
 // rollout idle time), so a long-lived worker holds none of the rollouts it
 // ran before.
 func TestAWorkerFreesARolloutsPolicyClient(t *testing.T) {
+	t.Parallel() // its own NATS server, data directories and worker processes: it mostly waits on them
 	ns := startNATS(t, "", 0)
 	coord := startService(t, "", ns.url)
 	reg := prometheus.NewRegistry()
