@@ -58,8 +58,6 @@ type dispatched struct {
 	claim claimRecord
 	// claimedAt is when the claim was made (or found, after a restart).
 	claimedAt time.Time
-	// nextSeq is the next journal line expected of the attempt.
-	nextSeq int
 	// deciding is set while an attempt's end (or its loss) is being
 	// decided: one decision at a time.
 	deciding bool
@@ -107,9 +105,11 @@ type workerState struct {
 }
 
 // coordinator dispatches a Server's episodes to workers and stores what
-// they journal back. Its own files are under DATA/cluster: journals/ (the
-// journals of the episodes in flight, apart from the single-host ones so
-// that a restart's recovery leaves them be) and claims.log.
+// they journal back. Its own files are under DATA/cluster: claims.log, and
+// journals/ (where an attempt's lines read back from LinesStream are
+// finalised, apart from the single-host journals so that a restart's
+// recovery leaves them be). The episodes' lines stay in LinesStream until
+// their records are stored: the coordinator does not consume them.
 type coordinator struct {
 	s  *Server
 	nc *nats.Conn
@@ -126,6 +126,12 @@ type coordinator struct {
 	resumed chan struct{}
 	// processed is the last journal stream sequence handled in order.
 	processed atomic.Uint64
+	// purges are the episodes whose lines are to be purged from
+	// LinesStream (their records are stored); purger drains it.
+	purges    chan string
+	purgeWake chan struct{}
+	purgeMu   sync.Mutex
+	purgeList []string
 
 	dispatchedTotal prometheus.Counter
 	lostTotal       *prometheus.CounterVec // outcome: retried, interrupted
@@ -137,7 +143,6 @@ type coordinator struct {
 	mu      sync.Mutex
 	eps     map[string]*dispatched
 	workers map[string]*workerState
-	files   map[string]*os.File // journals being appended (the consumer's)
 }
 
 // newCoordinator connects to NATS and sets up the streams; run consumes.
@@ -158,8 +163,8 @@ func newCoordinator(s *Server, o ClusterOptions) (*coordinator, error) {
 		return nil, err
 	}
 	c := &coordinator{s: s, nc: nc, ctl: ctl, js: js, heartbeat: o.Heartbeat, eps: map[string]*dispatched{},
-		workers: map[string]*workerState{}, files: map[string]*os.File{}, started: time.Now(), resumed: make(chan struct{}),
-		journalsDir: filepath.Join(s.st.dir, "cluster", "journals")}
+		workers: map[string]*workerState{}, started: time.Now(), resumed: make(chan struct{}),
+		journalsDir: filepath.Join(s.st.dir, "cluster", "journals"), purgeWake: make(chan struct{}, 1)}
 	if err := os.MkdirAll(c.journalsDir, 0o755); err != nil {
 		nc.Close()
 		ctl.Close()
@@ -173,6 +178,11 @@ func newCoordinator(s *Server, o ClusterOptions) (*coordinator, error) {
 	if c.heartbeat <= 0 {
 		c.heartbeat = cluster.DefaultHeartbeat
 	}
+	// Episode ends are indexed in batches (bbolt's Batch): a coordinator
+	// stores the ends of every worker's episodes, so it joins more of them
+	// in one transaction (one commit, one fdatasync) than bbolt's 10 ms
+	// default would; a worker's item is acked that much later at most.
+	s.st.db.MaxBatchDelay = coordinatorBatchDelay
 	c.dispatchedTotal = prometheus.NewCounter(prometheus.CounterOpts{Name: "rollbox_cluster_dispatched_total",
 		Help: "Episodes published to workers as work items."})
 	c.lostTotal = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rollbox_cluster_lost_attempts_total",
@@ -193,10 +203,144 @@ func newCoordinator(s *Server, o ClusterOptions) (*coordinator, error) {
 	return c, nil
 }
 
-// journalPath is where the coordinator keeps an episode's journal while it
-// runs on a worker.
+// coordinatorBatchDelay is how long a coordinator's index waits for more
+// episode ends to commit with one.
+const coordinatorBatchDelay = 50 * time.Millisecond
+
+// journalPath is where the coordinator finalises an attempt's lines read
+// back from LinesStream.
 func (c *coordinator) journalPath(id string) string {
 	return filepath.Join(c.journalsDir, id+trajectory.PartialSuffix)
+}
+
+// attemptLines reads an attempt's journal lines back from LinesStream:
+// those of its worker and number, in order of HeaderSeq, each once, up to
+// the first missing one (every line a worker published before its Done, or
+// before it died, is there: each was waited for until JetStream had it).
+func (c *coordinator) attemptLines(id, worker string, attempt int) ([][]byte, error) {
+	ctx, cancel := context.WithTimeout(c.s.ctx, time.Minute)
+	defer cancel()
+	st, err := c.js.Stream(ctx, cluster.LinesStream)
+	if err != nil {
+		return nil, err
+	}
+	subject, want := cluster.LinesSubject(id), strconv.Itoa(attempt)
+	bySeq := map[int][]byte{}
+	for next := uint64(1); ; {
+		m, err := st.GetMsg(ctx, next, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		next = m.Sequence + 1
+		if m.Header.Get(cluster.HeaderWorker) != worker || m.Header.Get(cluster.HeaderAttempt) != want {
+			continue
+		}
+		if seq, err := strconv.Atoi(m.Header.Get(cluster.HeaderSeq)); err == nil && bySeq[seq] == nil {
+			bySeq[seq] = m.Data
+		}
+	}
+	var lines [][]byte
+	for i := 0; bySeq[i] != nil; i++ {
+		lines = append(lines, bySeq[i])
+	}
+	return lines, nil
+}
+
+// recoverAttempt is an attempt's trajectory from its lines in LinesStream
+// (nil, os.ErrNotExist when it journaled none), finalised as a single host
+// finalises a journal: interrupted unless it had ended.
+func (c *coordinator) recoverAttempt(id, worker string, attempt int) (*trajectory.Trajectory, error) {
+	lines, err := c.attemptLines(id, worker, attempt)
+	if err != nil {
+		return nil, fmt.Errorf("reading the attempt's lines back from JetStream: %w", err)
+	}
+	if len(lines) == 0 {
+		return nil, os.ErrNotExist
+	}
+	path := c.journalPath(id)
+	if err := os.WriteFile(path, append(bytes.Join(lines, []byte{'\n'}), '\n'), 0o644); err != nil {
+		return nil, err
+	}
+	defer os.Remove(path)
+	return trajectory.Recover(path)
+}
+
+// purgeLines drops an episode's lines from LinesStream once its record is
+// stored (in the background: purger).
+func (c *coordinator) purgeLines(id string) {
+	c.purgeMu.Lock()
+	c.purgeList = append(c.purgeList, id)
+	c.purgeMu.Unlock()
+	signal(c.purgeWake)
+}
+
+// purger purges the lines of the episodes purgeLines names, until ctx
+// ends. One a failed purge (NATS away) or a killed process left behind is
+// purged by the next start's sweep (sweepLines).
+func (c *coordinator) purger(ctx context.Context) {
+	var st jetstream.Stream
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.purgeWake:
+		}
+		c.purgeMu.Lock()
+		ids := c.purgeList
+		c.purgeList = nil
+		c.purgeMu.Unlock()
+		for _, id := range ids {
+			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			var err error
+			if st == nil {
+				st, err = c.js.Stream(pctx, cluster.LinesStream)
+			}
+			if err == nil {
+				err = st.Purge(pctx, jetstream.WithPurgeSubject(cluster.LinesSubject(id)))
+			}
+			cancel()
+			if err != nil && ctx.Err() == nil {
+				c.s.log.Warn("cluster: purging an episode's lines; the next start purges them", "episode", id, "err", err)
+			}
+		}
+	}
+}
+
+// sweepLines purges from LinesStream the lines of the episodes that have
+// ended (or are not known here): what a purge that failed, or a killed
+// process, left. An episode still to run or running keeps its lines.
+func (c *coordinator) sweepLines(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	st, err := c.js.Stream(ctx, cluster.LinesStream)
+	if err != nil {
+		return
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(cluster.LinesSubjectPrefix+">"))
+	if err != nil {
+		c.s.log.Warn("cluster: listing the lines left in JetStream", "err", err)
+		return
+	}
+	n := 0
+	for subject := range info.State.Subjects {
+		id, err := cluster.EpisodeOfToken(strings.TrimPrefix(subject, cluster.LinesSubjectPrefix))
+		if err == nil {
+			if rec, err := c.s.st.episode(id); err != nil || rec != nil && rec.State != episodeDone {
+				continue // to run, running, or not readable now: kept
+			}
+		}
+		if err := st.Purge(ctx, jetstream.WithPurgeSubject(subject)); err != nil {
+			c.s.log.Warn("cluster: purging lines left in JetStream", "subject", subject, "err", err)
+			return
+		}
+		n++
+	}
+	if n > 0 {
+		c.s.log.Info("cluster: purged the lines of ended episodes left in JetStream", "episodes", n)
+	}
 }
 
 // saveClaim keeps an attempt's claim on disk (see claimRecord, claimLog).
@@ -233,6 +377,8 @@ func (c *coordinator) run(ctx context.Context) error {
 	case <-ctx.Done():
 		return nil
 	}
+	go c.purger(ctx)
+	go c.sweepLines(ctx)
 	var cons jetstream.Consumer
 	for {
 		// Made anew: what a previous process was delivered and did not
@@ -280,17 +426,11 @@ func (c *coordinator) run(ctx context.Context) error {
 	return nil
 }
 
-// close stops talking to NATS; the journals being appended are closed.
+// close stops talking to NATS.
 func (c *coordinator) close() {
 	c.nc.Drain()
 	c.ctl.Drain()
 	c.claims.close()
-	c.mu.Lock()
-	for id, f := range c.files {
-		f.Close()
-		delete(c.files, id)
-	}
-	c.mu.Unlock()
 }
 
 // start publishes a started job as a work item (episodeRunner). It is
@@ -389,7 +529,7 @@ func (c *coordinator) onClaim(m *nats.Msg) {
 			continue
 		case d.claim.Worker == "":
 			d.claim = claimRecord{Attempt: d.claim.Attempt + 1, Worker: cl.Worker, AckSubject: cl.AckSubject, Delivery: cl.Delivery}
-			d.nextSeq, d.claimedAt = 0, time.Now()
+			d.claimedAt = time.Now()
 			rec := d.claim
 			c.mu.Unlock()
 			c.saveClaim(cl.EpisodeID, rec)
@@ -520,14 +660,13 @@ func (c *coordinator) lost(d *dispatched, why string, naknow bool) {
 	s, r, e := c.s, d.j.r, d.j.ep
 	c.mu.Lock()
 	cl := d.claim
-	if f := c.files[e.rec.ID]; f != nil {
-		f.Close()
-		delete(c.files, e.rec.ID)
-	}
 	c.mu.Unlock()
 	msg := fmt.Sprintf("worker %s was lost in attempt %d: %s", cl.Worker, cl.Attempt, why)
-	journal := c.journalPath(e.rec.ID)
-	t, rerr := trajectory.Recover(journal)
+	var t *trajectory.Trajectory
+	var rerr error
+	if cl.Worker != "" {
+		t, rerr = c.recoverAttempt(e.rec.ID, cl.Worker, cl.Attempt)
+	}
 	if rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
 		s.log.Warn("cluster: reading a lost attempt's journal", "episode", e.rec.ID, "err", rerr)
 	}
@@ -542,7 +681,6 @@ func (c *coordinator) lost(d *dispatched, why string, naknow bool) {
 		if err := trajectory.WriteFile(filepath.Join(s.st.attemptsDir, fmt.Sprintf("%s.%d.json", e.rec.ID, cl.Attempt)), t); err != nil {
 			s.log.Error("cluster: keeping a lost attempt", "episode", e.rec.ID, "err", err)
 		}
-		os.Remove(journal)
 		if !cl.Asked {
 			r.mu.Lock()
 			r.rec.InfraRetries++
@@ -553,7 +691,7 @@ func (c *coordinator) lost(d *dispatched, why string, naknow bool) {
 		s.log.Warn("cluster: attempt lost; the episode runs again", "episode", e.rec.ID, "attempt", cl.Attempt, "asked", cl.Asked, "why", why)
 		c.mu.Lock()
 		d.claim = claimRecord{Attempt: cl.Attempt}
-		d.nextSeq, d.deciding = 0, false
+		d.deciding = false
 		c.mu.Unlock()
 		c.saveClaim(e.rec.ID, d.claim)
 		if naknow && cl.AckSubject != "" {
@@ -572,7 +710,7 @@ func (c *coordinator) lost(d *dispatched, why string, naknow bool) {
 	t.Reward = nil
 	c.lostTotal.WithLabelValues("interrupted").Inc()
 	s.log.Warn("cluster: attempt lost; the episode ends with its partial journal", "episode", e.rec.ID, "attempt", cl.Attempt, "asked", cl.Asked, "why", why)
-	c.finish(d, t, journal)
+	c.finish(d, t)
 	switch {
 	case cl.AckSubject == "":
 	case d.j.groupItem():
@@ -589,13 +727,14 @@ func (c *coordinator) lost(d *dispatched, why string, naknow bool) {
 
 // finish stores an episode's record and its end (the index, the rollout's
 // counts and groups), then releases its slot.
-func (c *coordinator) finish(d *dispatched, t *trajectory.Trajectory, journal string) {
-	c.finishDoc(d, t, nil, journal)
+func (c *coordinator) finish(d *dispatched, t *trajectory.Trajectory) {
+	c.finishDoc(d, t, nil)
 }
 
 // finishDoc is finish with t's document as written already (doc, when not
-// nil), stored as it is.
-func (c *coordinator) finishDoc(d *dispatched, t *trajectory.Trajectory, doc []byte, journal string) {
+// nil), stored as it is (t then need only hold what the index takes:
+// cluster.Summary).
+func (c *coordinator) finishDoc(d *dispatched, t *trajectory.Trajectory, doc []byte) {
 	s, r, e := c.s, d.j.r, d.j.ep
 	c.mu.Lock()
 	if d.ended {
@@ -613,8 +752,8 @@ func (c *coordinator) finishDoc(d *dispatched, t *trajectory.Trajectory, doc []b
 	if werr := write(); werr != nil {
 		err = &agent.RecordError{EpisodeID: e.rec.ID, Err: werr}
 		t = nil
-	} else if journal != "" {
-		os.Remove(journal)
+	} else {
+		c.purgeLines(e.rec.ID)
 	}
 	c.dropClaim(e.rec.ID) // the record (or its record_error) decides a restart now
 	s.metrics.Episodes.WithLabelValues("running").Dec()
@@ -659,15 +798,6 @@ func (c *coordinator) onJournal(msg jetstream.Msg) {
 		msg.Ack()
 		return
 	}
-	if seq, err := strconv.Atoi(h.Get(cluster.HeaderSeq)); err == nil && (kind == cluster.KindLine || kind == cluster.KindDone) && seq > d.nextSeq && !d.deciding {
-		// A line before it has not come yet (delivered to a connection that
-		// was lost: it comes again after JournalAckWait): wait for it.
-		want := d.nextSeq
-		c.mu.Unlock()
-		c.s.log.Debug("cluster: journal lines out of order; waiting for the missing one", "episode", id, "want", want, "got", seq, "kind", kind)
-		msg.NakWithDelay(250 * time.Millisecond)
-		return
-	}
 	if d.deciding {
 		c.mu.Unlock()
 		if kind == cluster.KindDone {
@@ -688,35 +818,6 @@ func (c *coordinator) onJournal(msg jetstream.Msg) {
 		c.mu.Unlock()
 		c.saveClaim(id, cl)
 		msg.Ack()
-	case cluster.KindLine:
-		seq, _ := strconv.Atoi(h.Get(cluster.HeaderSeq))
-		if seq < d.nextSeq {
-			c.mu.Unlock()
-			msg.Ack() // had it
-			return
-		}
-		d.nextSeq = seq + 1
-		f := c.files[id]
-		c.mu.Unlock()
-		if f == nil {
-			var err error
-			f, err = os.OpenFile(c.journalPath(id), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-			if err != nil {
-				c.s.log.Error("cluster: opening an episode's journal", "episode", id, "err", err)
-				c.mu.Lock()
-				d.nextSeq = seq
-				c.mu.Unlock()
-				msg.NakWithDelay(time.Second)
-				return
-			}
-			c.mu.Lock()
-			c.files[id] = f
-			c.mu.Unlock()
-		}
-		if _, err := f.Write(append(msg.Data(), '\n')); err != nil {
-			c.s.log.Error("cluster: appending to an episode's journal", "episode", id, "err", err)
-		}
-		msg.Ack()
 	case cluster.KindDone:
 		var done cluster.Done
 		body, doc := msg.Data(), []byte(nil)
@@ -725,16 +826,14 @@ func (c *coordinator) onJournal(msg jetstream.Msg) {
 		}
 		json.Unmarshal(body, &done)
 		d.deciding = true
-		if f := c.files[id]; f != nil {
-			f.Close()
-			delete(c.files, id)
-		}
 		c.mu.Unlock()
 		go func() {
 			c.done(d, worker, attempt, done, doc)
 			msg.Ack()
 		}()
 	default:
+		// KindLine of a worker of an earlier version (lines go to
+		// LinesStream): not kept.
 		c.mu.Unlock()
 		msg.Ack()
 	}
@@ -794,17 +893,25 @@ func (c *coordinator) keepSubagent(id, sub string, doc []byte) {
 // episode's ended record, else the record is rebuilt from the journal.
 func (c *coordinator) done(d *dispatched, worker string, attempt int, done cluster.Done, doc []byte) {
 	s, r, e := c.s, d.j.r, d.j.ep
-	journal := c.journalPath(e.rec.ID)
 	var t *trajectory.Trajectory
 	var err error
 	if doc != nil {
-		t = &trajectory.Trajectory{}
-		if json.Unmarshal(doc, t) != nil || t.EpisodeID != e.rec.ID || t.Termination == nil {
+		if sum := done.Summary; sum != nil {
+			// Decoded by the worker from doc: stored as it is, decoded here
+			// not at all.
+			t = sum.Trajectory()
+		} else {
+			t = &trajectory.Trajectory{}
+			if json.Unmarshal(doc, t) != nil {
+				t = nil
+			}
+		}
+		if t == nil || t.EpisodeID != e.rec.ID || t.Termination == nil {
 			t, doc = nil, nil
 		}
 	}
 	if t == nil {
-		t, err = trajectory.Recover(journal)
+		t, err = c.recoverAttempt(e.rec.ID, worker, attempt)
 	}
 	if err != nil {
 		doc = nil
@@ -815,10 +922,16 @@ func (c *coordinator) done(d *dispatched, worker string, attempt int, done clust
 		t = unstartedTrajectory(e.rec, e.task, r.backend, r.rec.Policy, trajectory.EndSandboxError, msg)
 	}
 	if done.InfraFailure && attempt < s.limits.InfraAttempts {
-		if err := trajectory.WriteFile(filepath.Join(s.st.attemptsDir, fmt.Sprintf("%s.%d.json", e.rec.ID, attempt)), t); err != nil {
-			s.log.Error("cluster: keeping a failed attempt", "episode", e.rec.ID, "err", err)
+		path := filepath.Join(s.st.attemptsDir, fmt.Sprintf("%s.%d.json", e.rec.ID, attempt))
+		werr := error(nil)
+		if doc != nil {
+			werr = trajectory.WriteDocument(path, doc)
+		} else {
+			werr = trajectory.WriteFile(path, t)
 		}
-		os.Remove(journal)
+		if werr != nil {
+			s.log.Error("cluster: keeping a failed attempt", "episode", e.rec.ID, "err", werr)
+		}
 		r.mu.Lock()
 		r.rec.InfraRetries++
 		r.mu.Unlock()
@@ -826,7 +939,7 @@ func (c *coordinator) done(d *dispatched, worker string, attempt int, done clust
 		s.log.Warn("infrastructure failure before the first policy call; retrying", "episode", e.rec.ID, "attempt", attempt, "worker", worker, "reason", done.Error)
 		c.mu.Lock()
 		d.claim = claimRecord{Attempt: attempt}
-		d.nextSeq, d.deciding = 0, false
+		d.deciding = false
 		c.mu.Unlock()
 		c.saveClaim(e.rec.ID, d.claim)
 		c.stored(worker, e.rec.ID, attempt, cluster.ActionRetry)
@@ -837,7 +950,7 @@ func (c *coordinator) done(d *dispatched, worker string, attempt int, done clust
 		source = "worker"
 	}
 	c.recordsTotal.WithLabelValues(source).Inc()
-	c.finishDoc(d, t, doc, journal)
+	c.finishDoc(d, t, doc)
 	c.stored(worker, e.rec.ID, attempt, cluster.ActionAck)
 }
 
@@ -1022,7 +1135,7 @@ func (c *coordinator) cancelRollout(r *rollout, reason, message string) {
 	}
 	c.mu.Unlock()
 	for _, d := range unclaimed {
-		c.finish(d, unstartedTrajectory(d.j.ep.rec, d.j.ep.task, r.backend, r.rec.Policy, reason, message+" (before a worker took the episode)"), "")
+		c.finish(d, unstartedTrajectory(d.j.ep.rec, d.j.ep.task, r.backend, r.rec.Policy, reason, message+" (before a worker took the episode)"))
 	}
 }
 
@@ -1182,8 +1295,8 @@ func (c *coordinator) resumeRollout(rr *rolloutRecord) error {
 		if t, err := trajectory.Read(s.st.trajectoryPath(e.rec.ID)); err == nil && t.Termination != nil {
 			// Stored, not indexed: the process died in between.
 			ended = append(ended, endedEpisode{e: e, t: t})
-			os.Remove(c.journalPath(e.rec.ID))
-			c.dropClaim(e.rec.ID)
+			c.dropClaim(e.rec.ID) // its lines: sweepLines
+
 			continue
 		}
 		pl := plans[e.rec.TaskIndex]
@@ -1210,9 +1323,6 @@ func (c *coordinator) resumeRollout(rr *rolloutRecord) error {
 		d := &dispatched{j: j, claimedAt: now}
 		if claim, ok := c.readClaim(e.rec.ID); ok {
 			d.claim = claim
-			if claim.Worker != "" {
-				d.nextSeq = resumeJournal(c.journalPath(e.rec.ID))
-			}
 		}
 		inflight = append(inflight, j)
 		ds = append(ds, d)
@@ -1249,19 +1359,4 @@ func (c *coordinator) resumeRollout(rr *rolloutRecord) error {
 		s.saveRollout(r)
 	}
 	return nil
-}
-
-// resumeJournal readies a journal kept across a restart for appending: a
-// torn last line is cut; it returns the number of whole lines (the next
-// sequence number expected).
-func resumeJournal(path string) int {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0
-	}
-	n := bytes.LastIndexByte(b, '\n') + 1
-	if n < len(b) {
-		os.Truncate(path, int64(n))
-	}
-	return bytes.Count(b[:n], []byte{'\n'})
 }

@@ -942,9 +942,19 @@ func (w *worker) attempt(ctx context.Context, msg jetstream.Msg, item cluster.Wo
 		w.sendPrefixes(ctx, g) // before the member's end: stored with the group's first end
 	}
 	w.sendSubagents(ctx, a) // before the episode's end: its record names them
+	doc := w.finalDocument(item.EpisodeID)
+	if doc != nil {
+		// What the coordinator indexes of it, decoded here: it stores the
+		// document as it is and decodes none (its CPU is the cluster's
+		// bottleneck, the workers' is not).
+		var sum cluster.Summary
+		if json.Unmarshal(doc, &sum) == nil {
+			done.Summary = &sum
+		}
+	}
 	body, _ := json.Marshal(done)
 	var extra []string
-	if doc := w.finalDocument(item.EpisodeID); doc != nil {
+	if doc != nil {
 		extra = []string{cluster.HeaderRecord, strconv.Itoa(len(doc))}
 		body = append(append(body, '\n'), doc...)
 	}
@@ -1142,7 +1152,11 @@ func (w *worker) finalDocument(id string) []byte {
 // retrying while NATS is away (up to two minutes). extra are more headers
 // (name, value, ...).
 func (w *worker) publish(ctx context.Context, a *attempt, kind string, seq int, body []byte, extra ...string) error {
-	m := nats.NewMsg(a.subject)
+	subject := a.subject
+	if kind == cluster.KindLine {
+		subject = cluster.LinesSubject(a.item.EpisodeID)
+	}
+	m := nats.NewMsg(subject)
 	m.Data = body
 	m.Header.Set(cluster.HeaderEpisode, a.item.EpisodeID)
 	m.Header.Set(cluster.HeaderRollout, a.item.RolloutID)
@@ -1164,7 +1178,7 @@ func (w *worker) publish(ctx context.Context, a *attempt, kind string, seq int, 
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("publish %s to %s: %w", kind, a.subject, err)
+			return fmt.Errorf("publish %s to %s: %w", kind, subject, err)
 		}
 		time.Sleep(250 * time.Millisecond)
 	}

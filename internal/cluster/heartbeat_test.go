@@ -8,21 +8,19 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/rollbox/rollbox/agent/trajectory"
 )
 
 // TestAStalledJournalLosesNoLiveWorker: the coordinator's journal handling
-// stalls for ten heartbeat windows (its serial consumer blocks opening an
-// episode's journal: a FIFO nobody reads yet) while two workers run the
-// rollout's episodes; the workers' heartbeats, on a connection of their
+// stalls for ten heartbeat windows (its serial consumer blocks opening the
+// file of a group's prefix record, which it keeps as it comes: a FIFO
+// nobody reads yet) while two workers run the rollout's episodes; the workers' heartbeats, on a connection of their
 // own and handled apart from the journal, keep both listed and none is
 // taken for lost; once the journal moves again every episode ends as on
 // one host, none interrupted.
 func TestAStalledJournalLosesNoLiveWorker(t *testing.T) {
-	pol := scripted(100 * time.Millisecond)
+	pol := prefixScript(100*time.Millisecond, nil)
 	defer pol.Close()
-	tasks, group := exactTasks(4), 2
+	tasks, group := prefixTasks(4), 2
 	single := startService(t, "", "")
 	want := outcomes(t, single.episodes(single.submit(rolloutRequest(pol.URL(), tasks, group, nil)), 2*time.Minute))
 
@@ -30,29 +28,31 @@ func TestAStalledJournalLosesNoLiveWorker(t *testing.T) {
 	ns := startNATS(t, "", 0)
 	coord := startService(t, "", ns.url) // heartbeats every 200 ms: a worker unheard for 600 ms is suspect
 	// Submitted before any worker is there, so nothing is dispatched yet
-	// and each episode's journal is a FIFO when its first line comes.
+	// and the file each prefix's record is first written to (the temporary
+	// file of trajectory.WriteDocument) is a FIFO when the record comes.
 	id := coord.submit(rolloutRequest(pol.URL(), tasks, group, nil))
 	var fifos []string
-	for i := range tasks {
-		for g := range group {
-			fifo := filepath.Join(coord.data, "cluster", "journals", fmt.Sprintf("%s.t%d.%d%s", id, i, g, trajectory.PartialSuffix))
-			if err := syscall.Mkfifo(fifo, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			fifos = append(fifos, fifo)
+	if err := os.MkdirAll(filepath.Join(coord.data, "prefixes"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < len(tasks); i += 2 {
+		fifo := filepath.Join(coord.data, "prefixes", fmt.Sprintf("%s.t%d.prefix.json.tmp", id, i))
+		if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+			t.Fatal(err)
 		}
+		fifos = append(fifos, fifo)
 	}
 	startWorker(t, ns.url, "w1", "wasm", 4)
 	startWorker(t, ns.url, "w2", "wasm", 4)
 	coord.waitWorkers(2)
 
 	// The journal stalls once the coordinator (this process) opens the
-	// FIFO of the first episode whose first line comes: no journal
-	// message is handled after it.
+	// FIFO of the first prefix record that comes: no journal message is
+	// handled after it.
 	deadline := time.Now().Add(time.Minute)
 	for !opened() {
 		if time.Now().After(deadline) {
-			t.Fatal("the coordinator did not open an episode's journal")
+			t.Fatal("the coordinator did not open a prefix record's file")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -71,16 +71,9 @@ func TestAStalledJournalLosesNoLiveWorker(t *testing.T) {
 	if n := coord.metric("rollbox_cluster_journal_messages_total"); n != stalledAt {
 		t.Fatalf("the journal did not stall: %v messages handled, then %v", stalledAt, n)
 	}
-	var st struct {
-		EpisodesDone int `json:"episodes_done"`
-	}
-	coord.do("GET", "/v1/rollouts/"+id, nil, &st)
-	if st.EpisodesDone != 0 {
-		t.Fatalf("%d episodes stored while the journal stalled", st.EpisodesDone)
-	}
 
-	// The journal moves again: each FIFO is read to its end (the
-	// coordinator removes it once the episode is stored).
+	// The journal moves again: each FIFO is read to its end (the prefix's
+	// record it took is not kept: a FIFO takes no fsync).
 	for _, fifo := range fifos {
 		go func() {
 			f, err := os.Open(fifo)

@@ -39,15 +39,18 @@ func Connect(url, name string) (*nats.Conn, jetstream.JetStream, error) {
 	return nc, js, nil
 }
 
-// EnsureStreams creates (or updates) WorkStream and JournalStream: file
+// EnsureStreams creates (or updates) WorkStream and JournalStream (file
 // storage, work-queue retention, duplicate window for the work items' msg
-// ids. The coordinator calls it at start; a worker too, so either may
+// ids) and LinesStream (file storage, kept until the coordinator purges an
+// episode's subject). The coordinator calls it at start; a worker too, so either may
 // start first.
 func EnsureStreams(ctx context.Context, js jetstream.JetStream) error {
 	for _, cfg := range []jetstream.StreamConfig{
 		{Name: WorkStream, Subjects: []string{WorkSubjectPrefix + ">"}, Retention: jetstream.WorkQueuePolicy,
 			Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute},
 		{Name: JournalStream, Subjects: []string{JournalSubjectPrefix + ">"}, Retention: jetstream.WorkQueuePolicy,
+			Storage: jetstream.FileStorage},
+		{Name: LinesStream, Subjects: []string{LinesSubjectPrefix + ">"}, Retention: jetstream.LimitsPolicy,
 			Storage: jetstream.FileStorage},
 	} {
 		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {

@@ -25,17 +25,22 @@
 //  3. Journal. The worker runs the episode with the same engine as one host
 //     and publishes every journal line (the trajectory's own append-only
 //     journal: header, sandbox, steps, events, end) as it is written, in
-//     order, on JournalSubject(episode) of the work-queue stream
-//     JournalStream, with the headers below (KindLine). Before the episode's
-//     first policy call it publishes KindAsked and waits for JetStream's ack.
-//     The coordinator's one durable consumer CoordinatorConsumer appends the
-//     lines to the episode's journal in its data directory, dropping lines of
-//     any attempt but the current one and lines it has already (by
-//     HeaderSeq).
+//     order, each waited for until JetStream has it, on LinesSubject(episode)
+//     of LinesStream, with the headers below (KindLine). Before the
+//     episode's first policy call it publishes KindAsked on
+//     JournalSubject(episode) of the work-queue stream JournalStream and
+//     waits for JetStream's ack. The coordinator's one durable consumer
+//     CoordinatorConsumer takes JournalStream (asked, done, the prefix and
+//     sub-agent records); it never consumes the lines: they stay in
+//     LinesStream, where it reads an attempt's lines back (those of the
+//     attempt's worker and number, by HeaderSeq) when the attempt is lost
+//     with its worker or its record did not ride with its Done, and it
+//     purges the episode's subject once the episode's record is stored.
 //
 //  4. Done and store. When the episode has ended the worker publishes
-//     KindDone (a Done body). The coordinator finalises the journal into the
-//     episode's record, indexes it (group statistics, the stream, export as
+//     KindDone (a Done body, with the final document and its Summary). The
+//     coordinator stores that document (or finalises the attempt's lines
+//     into the episode's record), indexes it (group statistics, the stream, export as
 //     on one host) and only then answers on StoredSubject(worker) with a
 //     Stored; the worker acks the work item on Stored (Action "ack"), or
 //     naks it for a redelivery when the coordinator keeps the attempt as an
@@ -95,6 +100,14 @@ const (
 	// (work-queue retention): subjects JournalSubjectPrefix + token.
 	JournalStream        = "ROLLBOX_JOURNAL"
 	JournalSubjectPrefix = "rollbox.journal."
+	// LinesStream holds the journal lines of the episodes in flight
+	// (limits retention: the coordinator does not consume them, it reads an
+	// attempt's lines back only when it needs them: an attempt lost with its
+	// worker, a record too large to ride with its Done) and purges an
+	// episode's subject once its record is stored: subjects
+	// LinesSubjectPrefix + token.
+	LinesStream        = "ROLLBOX_LINES"
+	LinesSubjectPrefix = "rollbox.lines."
 	// CoordinatorConsumer is the coordinator's durable consumer of
 	// JournalStream.
 	CoordinatorConsumer = "coordinator"
@@ -121,7 +134,8 @@ const (
 	VersionsSubject = "rollbox.versions"
 )
 
-// Journal message headers (every message on JournalStream carries them).
+// Journal message headers (every message on JournalStream and
+// LinesStream carries them).
 const (
 	HeaderEpisode = "Rollbox-Episode"
 	HeaderRollout = "Rollbox-Rollout"
@@ -131,8 +145,8 @@ const (
 	// HeaderKind is KindLine, KindAsked or KindDone.
 	HeaderKind = "Rollbox-Kind"
 	// HeaderSeq numbers an attempt's journal lines from 0 (KindLine); on
-	// KindDone it is the number of lines the attempt journaled, so the
-	// coordinator ends it only once it holds them all.
+	// KindDone it is the number of lines the attempt journaled (all in
+	// LinesStream before the Done is published).
 	HeaderSeq = "Rollbox-Seq"
 	// HeaderRecord, on KindDone, is the length in bytes of the episode's
 	// final document (as the worker's trajectory writer wrote it from the
@@ -149,7 +163,8 @@ const MaxRecordInDone = 512 << 10
 
 // Journal message kinds.
 const (
-	// KindLine: the body is one journal line, as trajectory.Writer writes it.
+	// KindLine: the body is one journal line, as trajectory.Writer writes
+	// it; published on LinesSubject (LinesStream), not on JournalStream.
 	KindLine = "line"
 	// KindAsked: the episode is about to ask the policy for the first time
 	// (empty body). From then on a lost attempt is not re-run silently.
@@ -198,6 +213,12 @@ func Token(episodeID string) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(episodeID))
 }
 
+// EpisodeOfToken is the episode id a Token encodes.
+func EpisodeOfToken(token string) (string, error) {
+	b, err := base64.RawURLEncoding.DecodeString(token)
+	return string(b), err
+}
+
 // WorkSubject is the subject of an episode's work item.
 func WorkSubject(backend, episodeID string) string {
 	return WorkSubjectPrefix + backend + "." + Token(episodeID)
@@ -209,8 +230,12 @@ func WorkFilter(backend string) string { return WorkSubjectPrefix + backend + ".
 // WorkConsumer names a backend's durable consumer of WorkStream.
 func WorkConsumer(backend string) string { return "work-" + backend }
 
-// JournalSubject is the subject of an episode's journal messages.
+// JournalSubject is the subject of an episode's journal messages but its
+// lines.
 func JournalSubject(episodeID string) string { return JournalSubjectPrefix + Token(episodeID) }
+
+// LinesSubject is the subject of an episode's journal lines (LinesStream).
+func LinesSubject(episodeID string) string { return LinesSubjectPrefix + Token(episodeID) }
 
 // HeartbeatSubject is where a worker announces itself.
 func HeartbeatSubject(worker string) string { return HeartbeatSubjectPrefix + worker }
@@ -320,6 +345,25 @@ type Done struct {
 	InfraFailure bool `json:"infra_failure,omitempty"`
 	// Error is what failed, when something did.
 	Error string `json:"error,omitempty"`
+	// Summary, when the final document rides with the Done, is what the
+	// coordinator indexes of it, decoded by the worker from that document:
+	// the coordinator then stores the document as it is and decodes none.
+	Summary *Summary `json:"summary,omitempty"`
+}
+
+// Summary is what a coordinator indexes of an episode's final document
+// (group statistics, the rollout's counts, metrics).
+type Summary struct {
+	EpisodeID   string                  `json:"episode_id"`
+	Termination *trajectory.Termination `json:"termination"`
+	Reward      *trajectory.Reward      `json:"reward"`
+	Stats       trajectory.Stats        `json:"stats"`
+	Monitors    *trajectory.Monitors    `json:"monitors,omitempty"`
+}
+
+// Trajectory is the summary as a trajectory holding only those fields.
+func (s *Summary) Trajectory() *trajectory.Trajectory {
+	return &trajectory.Trajectory{EpisodeID: s.EpisodeID, Termination: s.Termination, Reward: s.Reward, Stats: s.Stats, Monitors: s.Monitors}
 }
 
 // Stored tells a worker the coordinator holds an attempt's outcome.

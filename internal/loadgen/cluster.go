@@ -320,7 +320,11 @@ func (w *fakeWorker) run(ctx context.Context, msg jetstream.Msg) error {
 	seq := 0
 	var record string // HeaderRecord of the Done
 	publish := func(kind string, data []byte) error {
-		m := nats.NewMsg(cluster.JournalSubject(item.EpisodeID))
+		subject := cluster.JournalSubject(item.EpisodeID)
+		if kind == cluster.KindLine {
+			subject = cluster.LinesSubject(item.EpisodeID)
+		}
+		m := nats.NewMsg(subject)
 		m.Header.Set(cluster.HeaderEpisode, item.EpisodeID)
 		m.Header.Set(cluster.HeaderRollout, item.RolloutID)
 		m.Header.Set(cluster.HeaderWorker, w.id)
@@ -346,9 +350,13 @@ func (w *fakeWorker) run(ctx context.Context, msg jetstream.Msg) error {
 		return err
 	}
 	done, _ := json.Marshal(cluster.Done{})
-	// As rollbox worker does: the final document rides with the Done.
+	// As rollbox worker does: the final document rides with the Done, with
+	// its summary.
 	if doc, err := os.ReadFile(filepath.Join(w.f.dir, item.EpisodeID+".json")); err == nil && len(doc) <= cluster.MaxRecordInDone {
 		doc = bytes.TrimSuffix(doc, []byte{'\n'})
+		var sum cluster.Summary
+		json.Unmarshal(doc, &sum)
+		done, _ = json.Marshal(cluster.Done{Summary: &sum})
 		record = strconv.Itoa(len(doc))
 		done = append(append(done, '\n'), doc...)
 	}
