@@ -62,6 +62,11 @@ type dispatched struct {
 	// decided: one decision at a time.
 	deciding bool
 	ended    bool
+	// published: its work item is in the stream (a group item's members:
+	// once the item's publish returned); members is the number of episodes
+	// that group item lists.
+	published bool
+	members   int
 }
 
 // claimRecord is an attempt as the coordinator keeps it on disk
@@ -488,6 +493,14 @@ func (c *coordinator) publish(j *job) {
 			item.Members = append(item.Members, cluster.Member{EpisodeID: x.ep.rec.ID, GroupIndex: x.ep.rec.GroupIndex})
 		}
 		subject, msgID = cluster.GroupWorkSubject(j.plan.backend, e.rec.GroupID), cluster.GroupMsgID(e.rec.GroupID)
+		c.mu.Lock()
+		if e.group.redispatch {
+			// Published before and taken back (or by an earlier process):
+			// the stream's duplicate window must not drop this one.
+			msgID += "." + strconv.FormatInt(time.Now().UnixNano(), 36)
+		}
+		e.group.redispatch = true
+		c.mu.Unlock()
 	}
 	body, _ := json.Marshal(item)
 	for attempt := 0; ; attempt++ {
@@ -496,6 +509,17 @@ func (c *coordinator) publish(j *job) {
 		cancel()
 		if err == nil {
 			c.dispatchedTotal.Inc()
+			c.mu.Lock()
+			if b := j.batch; b != nil {
+				for _, x := range b.jobs {
+					if d := c.eps[x.ep.rec.ID]; d != nil {
+						d.published, d.members = true, len(b.jobs)
+					}
+				}
+			} else if d := c.eps[e.rec.ID]; d != nil {
+				d.published = true
+			}
+			c.mu.Unlock()
 			return
 		}
 		if s.ctx.Err() != nil {
@@ -984,6 +1008,19 @@ func (c *coordinator) onHeartbeat(m *nats.Msg) {
 	}
 }
 
+// maxSlots is the largest live worker's slots per backend.
+func (c *coordinator) maxSlots() map[string]int {
+	out := map[string]int{}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, w := range c.workers {
+		for _, b := range w.hb.Backends {
+			out[b] = max(out[b], w.hb.Slots)
+		}
+	}
+	return out
+}
+
 // resize gives the scheduler the live workers' slots per backend.
 func (c *coordinator) resize() {
 	slots, maxSlots := map[string]int{}, map[string]int{}
@@ -1000,6 +1037,108 @@ func (c *coordinator) resize() {
 		c.slotsGauge.WithLabelValues(b).Set(float64(n))
 	}
 	c.s.sched.setClusterSlots(slots, maxSlots)
+	c.takeBackUnheldGroups(maxSlots)
+}
+
+// takeBackUnheldGroups takes back from the workers the group items no live
+// worker can hold any more (the group's worker with slots enough left or
+// died after the item was published; a smaller one leaves it): each item
+// is removed from the work stream and its episodes still to run go back
+// to the end of their rollout's queue, their slots freed, so that they hold
+// none and the rollout's other episodes run meanwhile; the scheduler starts
+// the group again (a new item) once a worker with a slot for each of them
+// is live. Only an item none of whose episodes is claimed is taken back,
+// and none before the workers' heartbeats had a window to come in (a
+// restarted coordinator knows no worker at first).
+func (c *coordinator) takeBackUnheldGroups(maxSlots map[string]int) {
+	if time.Since(c.started) < time.Duration(cluster.MissedHeartbeats)*c.heartbeat {
+		return // the live workers have not all announced themselves yet
+	}
+	type group struct {
+		r     *rollout
+		item  string
+		ds    []*dispatched
+		slots int
+	}
+	var groups []group
+	seen := map[*groupState]bool{}
+	c.mu.Lock()
+	for _, d := range c.eps {
+		g := d.j.ep.group
+		if !d.j.groupItem() || seen[g] || !d.published || d.members <= maxSlots[d.j.plan.backend] {
+			continue
+		}
+		seen[g] = true
+		var ds []*dispatched
+		for _, m := range g.members {
+			x := c.eps[m.rec.ID]
+			if x == nil {
+				continue // ended, or queued
+			}
+			if x.claim.Worker != "" || x.deciding || x.ended || !x.published {
+				ds = nil
+				break
+			}
+			ds = append(ds, x)
+		}
+		if len(ds) == 0 {
+			continue
+		}
+		for _, x := range ds {
+			x.deciding = true // a claim of it waits
+		}
+		groups = append(groups, group{r: d.j.r, item: cluster.GroupWorkSubject(d.j.plan.backend, g.id), ds: ds, slots: maxSlots[d.j.plan.backend]})
+	}
+	c.mu.Unlock()
+	if len(groups) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(c.s.ctx, 10*time.Second)
+	defer cancel()
+	stream, err := c.js.Stream(ctx, cluster.WorkStream)
+	for _, g := range groups {
+		if err == nil {
+			err = stream.Purge(ctx, jetstream.WithPurgeSubject(g.item))
+		}
+		c.mu.Lock()
+		for _, d := range g.ds {
+			d.deciding = false
+			if err == nil {
+				delete(c.eps, d.j.ep.rec.ID)
+			}
+		}
+		c.mu.Unlock()
+		if err != nil {
+			c.s.log.Warn("cluster: taking back a group item no live worker can hold; tried again at the next check", "group", g.ds[0].j.ep.group.id, "err", err)
+			continue
+		}
+		jobs := make([]*job, len(g.ds))
+		for i, d := range g.ds {
+			jobs[i] = d.j
+		}
+		if !c.s.sched.requeue(g.r, jobs) {
+			// The rollout stopped meanwhile: they end as its unclaimed
+			// episodes do.
+			g.r.mu.Lock()
+			message := g.r.rec.Message
+			g.r.mu.Unlock()
+			for _, d := range g.ds {
+				c.mu.Lock()
+				c.eps[d.j.ep.rec.ID] = d
+				c.mu.Unlock()
+				c.finish(d, unstartedTrajectory(d.j.ep.rec, d.j.ep.task, g.r.backend, g.r.rec.Policy, trajectory.EndCancelled, message+" (before a worker took the episode)"))
+			}
+			continue
+		}
+		n := float64(len(jobs))
+		c.s.metrics.Episodes.WithLabelValues("running").Sub(n)
+		c.s.metrics.Episodes.WithLabelValues("queued").Add(n)
+		g.r.mu.Lock()
+		g.r.running -= len(jobs)
+		g.r.mu.Unlock()
+		c.s.log.Warn("cluster: a group item no live worker can hold went back to the queue; it runs again when a worker with a slot for each of its episodes is live",
+			"group", g.ds[0].j.ep.group.id, "episodes", len(jobs), "largest_worker_slots", g.slots)
+	}
 }
 
 // reapWorkers drops workers unheard for cluster.MissedHeartbeats
@@ -1030,6 +1169,10 @@ func (c *coordinator) reapWorkers(ctx context.Context) {
 			lastDown = now
 			continue
 		}
+		// A group item whose worker was lost goes back to the stream once
+		// its members are decided: if no live worker can hold it, it is
+		// taken back.
+		c.takeBackUnheldGroups(c.maxSlots())
 		// Suspects: workers unheard for their window, and workers holding
 		// a claim older than the window that were never heard (since a
 		// restart). Each is pinged before it is taken for lost: a worker
@@ -1312,7 +1455,8 @@ func (c *coordinator) resumeRollout(rr *rolloutRecord) error {
 		if j.groupItem() {
 			subject = cluster.GroupWorkSubject(pl.backend, e.rec.GroupID)
 		}
-		_, err := stream.GetLastMsgForSubject(ctx, subject)
+		e.group.redispatch = true // a group item published again gets a msg id of its own
+		m, err := stream.GetLastMsgForSubject(ctx, subject)
 		switch {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 			queued = append(queued, j)
@@ -1320,7 +1464,13 @@ func (c *coordinator) resumeRollout(rr *rolloutRecord) error {
 		case err != nil:
 			return fmt.Errorf("episode %s: looking for its work item: %w", e.rec.ID, err)
 		}
-		d := &dispatched{j: j, claimedAt: now}
+		d := &dispatched{j: j, claimedAt: now, published: true}
+		if j.groupItem() {
+			var item cluster.WorkItem
+			if json.Unmarshal(m.Data, &item) == nil {
+				d.members = len(item.Members)
+			}
+		}
 		if claim, ok := c.readClaim(e.rec.ID); ok {
 			d.claim = claim
 		}

@@ -115,6 +115,11 @@ type groupState struct {
 	// waitNoted: logged as waiting for a worker with room for it (a
 	// coordinator's group item), once; under the scheduler's mu.
 	waitNoted bool
+	// redispatch: a coordinator's group item of this group was published
+	// before (by this process and taken back, or by an earlier one): the
+	// next is published under a msg id of its own (under the coordinator's
+	// mu).
+	redispatch bool
 }
 
 func newRollout(rec *rolloutRecord) *rollout {

@@ -463,6 +463,38 @@ func (sc *scheduler) headLocked(r *rollout) (*job, int) {
 	}
 }
 
+// requeue puts a coordinator's started jobs back at the end of r's queue,
+// their slots freed (a group item no live worker can hold, taken back from
+// the workers); false, and nothing done, when r has stopped (cancelled:
+// the caller ends them).
+func (sc *scheduler) requeue(r *rollout, jobs []*job) bool {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	r.mu.Lock()
+	stopped := terminalState(r.rec.State)
+	r.mu.Unlock()
+	if stopped {
+		return false
+	}
+	n := len(jobs)
+	sc.running -= n
+	r.started -= n
+	for _, j := range jobs {
+		sc.backendRunning[j.plan.backend]--
+		j.batch = nil
+		sc.addDemandLocked(j, 1)
+	}
+	if len(r.queue) == 0 {
+		sc.active = append(sc.active, r)
+	}
+	r.queue = append(r.queue, jobs...)
+	sc.queued += n
+	sc.syncCountsLocked()
+	sc.grantLocked()
+	signal(sc.wake)
+	return true
+}
+
 // done releases a finished job's slots.
 func (sc *scheduler) done(j *job) {
 	sc.mu.Lock()

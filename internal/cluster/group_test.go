@@ -568,3 +568,59 @@ func TestAGroupNoWorkerCanHoldWaitsWithoutHoldingSlots(t *testing.T) {
 		}
 	}
 }
+
+// TestAGroupWhoseOnlyBigWorkerLeftHoldsNoSlots: the only worker with a
+// slot for each of a group's episodes takes the group item and is
+// SIGKILLed before any member asked the policy (the prefix's open is held
+// on a FIFO workspace); the one worker left has fewer slots than the group
+// has episodes. The group goes back to the queue holding no slot, so its
+// rollout's other episodes run on the small worker meanwhile, and it runs
+// (again, from a new prefix) once a worker with slots enough joins.
+func TestAGroupWhoseOnlyBigWorkerLeftHoldsNoSlots(t *testing.T) {
+	t.Parallel() // its own NATS server, data directory and worker processes: it mostly waits on them
+	gate, ws, tarball := fifoGateTask(t, `"prefix": {"turns": [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo prefix >> /work/n"}}]}]}`)
+	pol := prefixScript(0, nil)
+	defer pol.Close()
+	ns := startNATS(t, "", 0)
+	coord := startService(t, "", ns.url, func(o *runtime.Options) { o.Catalog = []*agent.Task{gate} })
+	const group = 3
+	big := startWorker(t, ns.url, "big", "wasm", group)
+	coord.waitWorkers(1)
+	plain := exactTasks(2)[1] // t1: 3 episodes that run alone, after the group in the queue
+	id := coord.submit(map[string]any{"tasks": []any{map[string]any{"id": "gate"}, plain}, "group_size": group,
+		"policy": map[string]any{"base_url": pol.URL(), "model": "fake-model"}})
+	coord.waitRunning("big", group) // the group's members, held on the workspace; t1's wait for slots
+	big.kill()
+	startWorker(t, ns.url, "small", "wasm", group-1)
+
+	var st runtime.RolloutStatus
+	deadline := time.Now().Add(time.Minute)
+	for coord.do("GET", "/v1/rollouts/"+id, nil, &st); st.EpisodesDone < group; coord.do("GET", "/v1/rollouts/"+id, nil, &st) {
+		if time.Now().After(deadline) {
+			t.Fatalf("t1's episodes did not end on the small worker in a minute: the group holds the slots: %+v", st)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	coord.do("GET", "/v1/rollouts/"+id, nil, &st)
+	if st.EpisodesDone != group || st.EpisodesRunning != 0 || st.EpisodesQueued != group {
+		t.Fatalf("while no worker has %d slots: done %d running %d queued %d, want t1's %d done, none running, the group's %d queued",
+			group, st.EpisodesDone, st.EpisodesRunning, st.EpisodesQueued, group, group)
+	}
+	os.Remove(ws) // the workspace opens at once from now on
+	if err := os.WriteFile(ws, tarball, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	startWorker(t, ns.url, "big2", "wasm", group)
+	got := coord.episodes(id, time.Minute)
+	if len(got) != 2*group {
+		t.Fatalf("%d episodes, want %d", len(got), 2*group)
+	}
+	for _, tr := range got {
+		if tr.Termination == nil || tr.Termination.Reason != trajectory.EndFinished {
+			t.Errorf("episode %s ended %+v, want finished", tr.EpisodeID, tr.Termination)
+		}
+		if tr.TaskID == "gate" && (tr.ForkedFrom == nil || tr.ForkedFrom.EpisodeID != tr.GroupID+".prefix.2") {
+			t.Errorf("episode %s: forked_from %+v, want its group's second prefix run", tr.EpisodeID, tr.ForkedFrom)
+		}
+	}
+}
