@@ -36,6 +36,10 @@ type ClusterOptions struct {
 	// (default cluster.DefaultHeartbeat); a worker unheard for
 	// cluster.MissedHeartbeats intervals is lost.
 	Heartbeat time.Duration
+
+	// claimWaits, when set (tests), makes the coordinator answer a claim of
+	// an episode it says yes to "wait", as for an episode it does not hold.
+	claimWaits func(episodeID string) bool
 }
 
 // episodeRunner starts the episodes the scheduler hands it, in its fair
@@ -123,6 +127,7 @@ type coordinator struct {
 	ctl         *nats.Conn
 	js          jetstream.JetStream
 	heartbeat   time.Duration
+	claimWaits  func(string) bool
 	journalsDir string
 	claims      *claimLog
 	started     time.Time
@@ -167,7 +172,7 @@ func newCoordinator(s *Server, o ClusterOptions) (*coordinator, error) {
 		nc.Close()
 		return nil, err
 	}
-	c := &coordinator{s: s, nc: nc, ctl: ctl, js: js, heartbeat: o.Heartbeat, eps: map[string]*dispatched{},
+	c := &coordinator{s: s, nc: nc, ctl: ctl, js: js, heartbeat: o.Heartbeat, claimWaits: o.claimWaits, eps: map[string]*dispatched{},
 		workers: map[string]*workerState{}, started: time.Now(), resumed: make(chan struct{}),
 		journalsDir: filepath.Join(s.st.dir, "cluster", "journals"), purgeWake: make(chan struct{}, 1)}
 	if err := os.MkdirAll(c.journalsDir, 0o755); err != nil {
@@ -535,8 +540,16 @@ func (c *coordinator) publish(j *job) {
 // onClaim answers a worker's Claim.
 func (c *coordinator) onClaim(m *nats.Msg) {
 	var cl cluster.Claim
-	if err := json.Unmarshal(m.Data, &cl); err != nil || cl.EpisodeID == "" || cl.Worker == "" {
+	if err := json.Unmarshal(m.Data, &cl); err != nil || cl.EpisodeID == "" && len(cl.Members) == 0 || cl.Worker == "" {
 		c.reply(m, cluster.ClaimReply{Decision: cluster.DecisionSkip, Reason: "malformed claim"})
+		return
+	}
+	if len(cl.Members) > 0 {
+		c.reply(m, c.claimGroup(cl))
+		return
+	}
+	if c.claimWaits != nil && c.claimWaits(cl.EpisodeID) {
+		c.reply(m, cluster.ClaimReply{Decision: cluster.DecisionWait, Reason: "held by the test"})
 		return
 	}
 	for {
@@ -569,6 +582,117 @@ func (c *coordinator) onClaim(m *nats.Msg) {
 		d.deciding = true
 		c.mu.Unlock()
 		c.lost(d, fmt.Sprintf("its work item was redelivered (delivery %d) to worker %s", cl.Delivery, cl.Worker), false)
+	}
+}
+
+// claimGroup answers a group item's claim: each member decided as a
+// claim of its own would be (onClaim), all at once: when one must wait (the
+// coordinator does not hold it, or it is ending now) the answer is wait and
+// no member is claimed, so no attempt is counted of a member that never
+// ran and none runs without the others.
+func (c *coordinator) claimGroup(cl cluster.Claim) cluster.ClaimReply {
+	for {
+		var unknown []string
+		var lostDs []*dispatched
+		busy := false
+		c.mu.Lock()
+		for _, id := range cl.Members {
+			d := c.eps[id]
+			switch {
+			case d == nil || d.ended:
+				unknown = append(unknown, id)
+			case d.deciding:
+				busy = true
+			case d.claim.Worker == "" || d.claim.Worker == cl.Worker && d.claim.Delivery == cl.Delivery:
+			default:
+				// Redelivered while an attempt is on record: that attempt
+				// was lost.
+				d.deciding = true
+				lostDs = append(lostDs, d)
+			}
+		}
+		c.mu.Unlock()
+		if len(lostDs) > 0 {
+			var wg sync.WaitGroup
+			for _, d := range lostDs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					c.lost(d, fmt.Sprintf("its group's work item was redelivered (delivery %d) to worker %s", cl.Delivery, cl.Worker), false)
+				}()
+			}
+			wg.Wait()
+			continue
+		}
+		if busy {
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		answers := map[string]cluster.ClaimReply{}
+		for _, id := range unknown {
+			a := c.unknownClaim(id)
+			if a.Decision == cluster.DecisionWait {
+				return cluster.ClaimReply{Decision: cluster.DecisionWait, Reason: fmt.Sprintf("episode %s: %s", id, a.Reason)}
+			}
+			answers[id] = a
+		}
+		for _, id := range cl.Members {
+			if _, ok := answers[id]; !ok && c.claimWaits != nil && c.claimWaits(id) {
+				return cluster.ClaimReply{Decision: cluster.DecisionWait, Reason: fmt.Sprintf("episode %s: held by the test", id)}
+			}
+		}
+		// Claim the members to run, all under one lock, unless one changed
+		// meanwhile (then decide again).
+		var saves []string
+		var r *rollout // the members' (one group: one rollout)
+		out := cluster.ClaimReply{Decision: cluster.DecisionRun, Members: make([]cluster.ClaimReply, len(cl.Members))}
+		changed := false
+		c.mu.Lock()
+		for _, id := range cl.Members {
+			d := c.eps[id]
+			_, wasUnknown := answers[id]
+			if wasUnknown != (d == nil || d.ended) || d != nil && !d.ended && (d.deciding ||
+				d.claim.Worker != "" && (d.claim.Worker != cl.Worker || d.claim.Delivery != cl.Delivery)) {
+				changed = true
+				break
+			}
+		}
+		if !changed {
+			for i, id := range cl.Members {
+				if a, ok := answers[id]; ok {
+					out.Members[i] = a
+					continue
+				}
+				d := c.eps[id]
+				if d.claim.Worker == "" {
+					d.claim = claimRecord{Attempt: d.claim.Attempt + 1, Worker: cl.Worker, AckSubject: cl.AckSubject, Delivery: cl.Delivery}
+					d.claimedAt = time.Now()
+					saves = append(saves, id)
+				} // else the same claim again (its answer was lost)
+				out.Members[i] = cluster.ClaimReply{Decision: cluster.DecisionRun, Attempt: d.claim.Attempt}
+				r = d.j.r
+			}
+		}
+		recs := make([]claimRecord, len(saves))
+		for i, id := range saves {
+			recs[i] = c.eps[id].claim
+		}
+		c.mu.Unlock()
+		if changed {
+			continue
+		}
+		for i, id := range saves {
+			c.saveClaim(id, recs[i])
+		}
+		if r != nil {
+			vs := r.versionList()
+			for i := range out.Members {
+				if out.Members[i].Decision == cluster.DecisionRun {
+					out.Members[i].Versions = vs
+				}
+			}
+		}
+		return out
 	}
 }
 

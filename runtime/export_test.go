@@ -9,6 +9,11 @@ import (
 // it recovers what a previous process left (tests of the "recovering" state).
 func HoldRecovery(o *Options, gate chan struct{}) { o.recoveryGate = gate }
 
+// ClaimWaits makes the coordinator opened with o answer "wait" to a claim
+// of an episode f says yes to, as for one it does not hold (a restarting
+// coordinator, an episode ending now).
+func ClaimWaits(o *ClusterOptions, f func(episodeID string) bool) { o.claimWaits = f }
+
 // Reclaim is what an idle service does to give memory back.
 func (s *Server) Reclaim() { s.reclaim() }
 

@@ -587,11 +587,16 @@ func (w *worker) onCancel(m *nats.Msg) {
 // claim asks the coordinator whether msg's item may run, until it answers
 // or ctx ends.
 func (w *worker) claim(ctx context.Context, id string, msg jetstream.Msg) (cluster.ClaimReply, error) {
+	return w.claimOf(ctx, id, nil, msg)
+}
+
+// claimOf asks for episode id, or for a group item's members together.
+func (w *worker) claimOf(ctx context.Context, id string, members []string, msg jetstream.Msg) (cluster.ClaimReply, error) {
 	meta, err := msg.Metadata()
 	if err != nil {
 		return cluster.ClaimReply{}, err
 	}
-	body, _ := json.Marshal(cluster.Claim{EpisodeID: id, Worker: w.o.ID, Delivery: meta.NumDelivered, AckSubject: msg.Reply()})
+	body, _ := json.Marshal(cluster.Claim{EpisodeID: id, Members: members, Worker: w.o.ID, Delivery: meta.NumDelivered, AckSubject: msg.Reply()})
 	for {
 		resp, err := w.nc.Request(cluster.ClaimSubject, body, 5*time.Second)
 		if err == nil {
@@ -728,21 +733,33 @@ func (w *worker) handleGroup(ctx context.Context, msg jetstream.Msg, item cluste
 	}
 	var runs []member
 	ran := 0
-	for _, m := range item.Members {
-		rep, err := w.claim(ctx, m.EpisodeID, msg)
-		if err != nil {
-			msg.Nak()
-			return
-		}
-		switch rep.Decision {
-		case cluster.DecisionRun:
+	// The members are claimed together: the coordinator claims none when
+	// one must wait, so a member never runs without the others nor has an
+	// attempt counted that never ran.
+	ids := make([]string, len(item.Members))
+	for i, m := range item.Members {
+		ids[i] = m.EpisodeID
+	}
+	grep, err := w.claimOf(ctx, "", ids, msg)
+	switch {
+	case err != nil:
+		msg.Nak()
+		return
+	case grep.Decision == cluster.DecisionWait:
+		msg.NakWithDelay(time.Second)
+		return
+	case grep.Decision != cluster.DecisionRun || len(grep.Members) != len(ids):
+		w.log.Error("worker: a group's claim was not answered for each member; left for redelivery", "group", item.GroupID,
+			"decision", grep.Decision, "reason", grep.Reason, "answers", len(grep.Members), "members", len(ids))
+		msg.NakWithDelay(time.Second)
+		return
+	}
+	for i, m := range item.Members {
+		if rep := grep.Members[i]; rep.Decision == cluster.DecisionRun {
 			mi := item
 			mi.EpisodeID, mi.GroupIndex, mi.Members = m.EpisodeID, m.GroupIndex, nil
 			runs = append(runs, member{mi, rep})
 			ran = max(ran, rep.Attempt-1)
-		case cluster.DecisionWait:
-			msg.NakWithDelay(time.Second)
-			return
 		}
 	}
 	if len(runs) == 0 {

@@ -68,8 +68,10 @@
 //
 //  8. Group items. A task with a prefix runs its group on one worker: the
 //     coordinator publishes one WorkItem with Members (GroupWorkSubject);
-//     the worker takes a slot per member, claims each member as in 2, runs
-//     the prefix once and each member in a fork of it, journals each as in
+//     the worker takes a slot per member, claims the members together (one
+//     Claim with Members: each decided as in 2, none claimed when one must
+//     wait), runs the prefix once and each member in a fork of it,
+//     journals each as in
 //     3 (and the prefix's record, KindPrefix), and acks the item once every
 //     member is stored. A lost worker's members are decided one by one as
 //     in 2; the item then goes back, and the ended members are skipped.
@@ -317,6 +319,7 @@ type Policy struct {
 
 // Claim asks whether a delivered work item may run.
 type Claim struct {
+	// EpisodeID is the episode claimed (empty for a group item's claim).
 	EpisodeID string `json:"episode_id"`
 	Worker    string `json:"worker"`
 	// Delivery is JetStream's delivery count of the item (1: first).
@@ -324,6 +327,12 @@ type Claim struct {
 	// AckSubject is the item's reply subject: the coordinator may nak or
 	// terminate it itself when the worker is lost.
 	AckSubject string `json:"ack_subject"`
+	// Members, for a group item, are its episodes, claimed together: the
+	// coordinator claims none of them unless it can answer each now (run
+	// or skip); when one must wait it answers wait for the group, nothing
+	// claimed, so a member never runs alone nor is an attempt counted of
+	// a member that never ran.
+	Members []string `json:"members,omitempty"`
 }
 
 // ClaimReply answers a Claim.
@@ -335,6 +344,9 @@ type ClaimReply struct {
 	// first (with run): the worker stamps each turn with the last one and
 	// keeps them up to date from VersionsSubject.
 	Versions []string `json:"versions,omitempty"`
+	// Members answers a group item's claim (with run), one per member in
+	// the claim's order: run (with its attempt and versions) or skip.
+	Members []ClaimReply `json:"members,omitempty"`
 }
 
 // Done ends an attempt (the body of a KindDone journal message).
