@@ -68,6 +68,9 @@ command in the same container.`,
 	compare := fs.Bool("compare-schedules", false, "run the rollout twice on the same service, schedule episodes then groups, and compare when the first complete group arrives")
 	settle := fs.Duration("settle", 0, "after the rollout, watch the service's resident memory for this long (does it give memory back?)")
 	baseline := fs.String("baseline-exe", "", "also run the same rollout on a service started from this rollbox `FILE` (an older build), first, and compare /healthz and memory side by side")
+	profileDir := fs.String("serve-profiles", "", "have the service serve Go's profiles (--debug-addr) and save its goroutine and heap profiles and an execution trace into `DIR` (DIR/baseline and DIR/this-build with --baseline-exe)")
+	profileAt := fs.Duration("serve-profiles-at", 20*time.Second, "with --serve-profiles: when to take them, after the submission")
+	traceFor := fs.Duration("serve-trace-for", 5*time.Second, "with --serve-profiles: the execution trace's length (0: no trace)")
 	serveExe := fs.String("serve-exe", "", "start the service from this `FILE` (an executable taking rollbox serve's arguments: a wrapper may set limits) instead of this binary")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx := cmd.Context()
@@ -123,11 +126,15 @@ command in the same container.`,
 				}
 			}
 			maxRunning := max(*episodes, 1)
-			svc, err := loadgen.StartService(ctx, bin, dir, []string{
+			flags := []string{
 				"--max-running", strconv.Itoa(maxRunning), "--max-queued", strconv.Itoa(max(*episodes, 1)),
 				"--docker-concurrency", strconv.Itoa(maxRunning), "--policy-concurrency", strconv.Itoa(*policyConc),
 				"--warm", strconv.Itoa(*warm), "--log-level", "info", "--cpuprofile", *serveProfile, "--health-addr", "127.0.0.1:0",
-			})
+			}
+			if *profileDir != "" {
+				flags = append(flags, "--debug-addr", "127.0.0.1:0")
+			}
+			svc, err := loadgen.StartService(ctx, bin, dir, flags)
 			if err != nil {
 				if *keep == "" {
 					os.RemoveAll(dir)
@@ -142,7 +149,8 @@ command in the same container.`,
 			}, nil
 		}
 		cfg := loadgen.RolloutConfig{Backend: *backend, Image: *image, Episodes: *episodes, Group: *group, Turns: *turns,
-			PolicyURL: policyURL, Latency: *latency, Progress: env.stderr, Schedule: *schedule, Settle: *settle}
+			PolicyURL: policyURL, Latency: *latency, Progress: env.stderr, Schedule: *schedule, Settle: *settle,
+			ProfileDir: *profileDir, ProfileAt: *profileAt, TraceFor: *traceFor}
 		if *baseline != "" {
 			var cmp loadgen.BuildComparison
 			for _, b := range []struct{ name, bin string }{{"baseline", *baseline}, {"this build", exe}} {
@@ -152,6 +160,9 @@ command in the same container.`,
 				}
 				fmt.Fprintf(env.stderr, "rollbox bench: %s: service %s from %s\n", b.name, svc.URL, b.bin)
 				cfg.Service = svc
+				if *profileDir != "" {
+					cfg.ProfileDir = filepath.Join(*profileDir, strings.ReplaceAll(b.name, " ", "-"))
+				}
 				r, rerr := loadgen.Rollout(ctx, svc.URL, cfg)
 				stop()
 				if rerr != nil {

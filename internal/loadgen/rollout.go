@@ -6,11 +6,14 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"math"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
@@ -42,6 +45,14 @@ type RolloutConfig struct {
 	// Settle, when set, watches the service's resident memory for this
 	// long after the rollout ended (does it give memory back?).
 	Settle time.Duration
+	// ProfileDir, when set with a Service started with --debug-addr,
+	// receives the service's goroutine profile (goroutines.txt), heap
+	// profile (heap.pprof) and an execution trace of TraceFor (trace.out,
+	// for go tool trace) taken ProfileAt after the submission, and its
+	// goroutine and heap profiles after Settle (ProfileDir/settled).
+	ProfileDir string
+	ProfileAt  time.Duration
+	TraceFor   time.Duration
 }
 
 // RolloutResult is what a rollout bench measures.
@@ -92,6 +103,8 @@ type RolloutResult struct {
 	// HealthzSlowest are the slowest in-process probes, slowest first:
 	// when they were sent and how many episodes ran then.
 	HealthzSlowest []SlowProbe `json:"healthz_slowest"`
+	// Profiled is what ProfileDir's profiles were taken at.
+	Profiled *ProfileNote `json:"profiled,omitempty"`
 	// The service's resident memory before the rollout, when it ended, and
 	// after Settle; SettledAfterS is when it first came within 20% of the
 	// value before (-1: never within Settle).
@@ -157,6 +170,62 @@ type SlowProbe struct {
 	Running int     `json:"running"`
 	// ServiceMS is the service's own part of it (-1: not said).
 	ServiceMS float64 `json:"service_ms"`
+}
+
+// ProfileNote is when the service's profiles were taken (RolloutConfig's
+// ProfileDir), with how many goroutines it had and episodes it ran then.
+type ProfileNote struct {
+	Dir        string  `json:"dir"`
+	AtS        float64 `json:"at_s"`
+	Running    int     `json:"running"`
+	Goroutines int     `json:"goroutines"`
+	Err        string  `json:"error,omitempty"`
+}
+
+// takeProfiles saves the service's goroutine and heap profiles and an
+// execution trace of traceFor into dir (see RolloutConfig.ProfileDir).
+func takeProfiles(ctx context.Context, debugURL, base, dir string, traceFor time.Duration, start time.Time) *ProfileNote {
+	n := &ProfileNote{Dir: dir, AtS: time.Since(start).Seconds()}
+	var h struct {
+		EpisodesRunning int `json:"episodes_running"`
+	}
+	if r, err := http.Get(base + "/healthz"); err == nil {
+		json.NewDecoder(r.Body).Decode(&h)
+		r.Body.Close()
+	}
+	n.Running = h.EpisodesRunning
+	save := func(path, name string) error {
+		req, _ := http.NewRequestWithContext(ctx, "GET", debugURL+path, nil)
+		r, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer r.Body.Close()
+		if r.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET %s: %s", path, r.Status)
+		}
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			return err
+		}
+		if name == "goroutines.txt" {
+			first, _, _ := bytes.Cut(b, []byte("\n"))
+			fmt.Sscanf(string(first), "goroutine profile: total %d", &n.Goroutines)
+		}
+		return os.WriteFile(filepath.Join(dir, name), b, 0o644)
+	}
+	var errs []error
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		errs = append(errs, err)
+	}
+	errs = append(errs, save("/debug/pprof/goroutine?debug=1", "goroutines.txt"), save("/debug/pprof/heap", "heap.pprof"))
+	if traceFor > 0 {
+		errs = append(errs, save(fmt.Sprintf("/debug/pprof/trace?seconds=%g", traceFor.Seconds()), "trace.out"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		n.Err = err.Error()
+	}
+	return n
 }
 
 // Percentiles of a sample.
@@ -302,6 +371,22 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 		}
 	}()
 
+	profiled := make(chan *ProfileNote, 1)
+	if c.ProfileDir != "" {
+		go func() {
+			if c.Service == nil || c.Service.DebugURL == "" {
+				profiled <- &ProfileNote{Dir: c.ProfileDir, Err: "the service serves no profiles (--debug-addr)"}
+				return
+			}
+			select {
+			case <-time.After(time.Until(start.Add(c.ProfileAt))):
+				profiled <- takeProfiles(wctx, c.Service.DebugURL, base, c.ProfileDir, c.TraceFor, start)
+			case <-wctx.Done():
+				profiled <- &ProfileNote{Dir: c.ProfileDir, Err: "the rollout ended before the profiles' time"}
+			}
+		}()
+	}
+
 	res := &RolloutResult{Backend: c.Backend, Episodes: c.Episodes, Ends: map[string]int{}, TurnsPerEpisode: c.Turns,
 		PolicyLatencyMS: float64(c.Latency) / float64(time.Millisecond)}
 	var overhead, callOver, between, toolMS, lastTurn []float64
@@ -370,6 +455,9 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 	res.WallS = time.Since(start).Seconds()
 	res.RSSBefore, res.RSSAtEnd, res.Schedule, res.MemBefore = rssBefore, rss(), c.Schedule, memBefore
 	stopWatch()
+	if c.ProfileDir != "" {
+		res.Profiled = <-profiled
+	}
 	var all, atPeak, port, portAtPeak, svc, svcAtPeak []float64
 	got := <-probes
 	for _, p := range got {
@@ -418,6 +506,13 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 		}
 		if time.Since(t0) >= c.Settle {
 			res.MemSettled = memoryParts(base, c.Service)
+			if c.ProfileDir != "" && c.Service != nil && c.Service.DebugURL != "" {
+				// What stays: the settled service's heap and goroutines.
+				settled := takeProfiles(ctx, c.Service.DebugURL, base, filepath.Join(c.ProfileDir, "settled"), 0, start)
+				if res.Profiled != nil && settled.Err != "" {
+					res.Profiled.Err = strings.TrimPrefix(res.Profiled.Err+"; settled: "+settled.Err, "; ")
+				}
+			}
 			break
 		}
 	}
@@ -479,6 +574,14 @@ func (res *RolloutResult) Report(w io.Writer) {
 	if res.HealthPortMS.N > 0 {
 		fmt.Fprintf(w, "  healthz (--health-addr) %s   (the separate responder, probed right after; %d not 200)\n", res.HealthPortMS, res.HealthPortNot200)
 		fmt.Fprintf(w, "    at peak           %s\n", res.HealthPortAtPeakMS)
+	}
+	if p := res.Profiled; p != nil {
+		fmt.Fprintf(w, "  profiles            %s: at %.1f s, %d running, %d goroutines (%.2f a running episode)", p.Dir, p.AtS, p.Running, p.Goroutines,
+			float64(p.Goroutines)/float64(max(p.Running, 1)))
+		if p.Err != "" {
+			fmt.Fprintf(w, "; %s", p.Err)
+		}
+		fmt.Fprintln(w)
 	}
 	fmt.Fprintf(w, "  service RSS         %.1f MiB before, %.1f MiB at the end", float64(res.RSSBefore)/(1<<20), float64(res.RSSAtEnd)/(1<<20))
 	if res.RSSSettled > 0 {

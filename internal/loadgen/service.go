@@ -24,6 +24,10 @@ type Service struct {
 	// HealthURL is its separate health responder's /healthz, when it was
 	// started with --health-addr.
 	HealthURL string
+	// DebugURL is where it serves Go's profiles, when it was started with
+	// --debug-addr.
+	DebugURL  string
+	debugAddr chan string
 	cmd       *exec.Cmd
 	logf      *os.File
 	waited    chan error
@@ -32,6 +36,7 @@ type Service struct {
 var (
 	listeningRe = regexp.MustCompile(`"listening on (http://\S+)`)
 	healthRe    = regexp.MustCompile(`"health responder on (http://\S+)`)
+	debugRe     = regexp.MustCompile(`"serving Go's profiles","addr":"([^"]+)"`)
 )
 
 // StartService runs `exe serve` on dataDir/data with flags (and an address
@@ -50,7 +55,7 @@ func StartService(ctx context.Context, exe, dataDir string, flags []string) (*Se
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	c := &Service{cmd: cmd, logf: logf, waited: make(chan error, 1)}
+	c := &Service{cmd: cmd, logf: logf, waited: make(chan error, 1), debugAddr: make(chan string, 1)}
 	found := make(chan string, 1)
 	health := make(chan string, 1)
 	go func() {
@@ -60,6 +65,12 @@ func StartService(ctx context.Context, exe, dataDir string, flags []string) (*Se
 			line := sc.Text()
 			if m := healthRe.FindStringSubmatch(line); m != nil {
 				health <- m[1]
+			}
+			if m := debugRe.FindStringSubmatch(line); m != nil {
+				select {
+				case c.debugAddr <- "http://" + m[1]:
+				default:
+				}
 			}
 			if m := listeningRe.FindStringSubmatch(line); m != nil {
 				select {
@@ -75,6 +86,10 @@ func StartService(ctx context.Context, exe, dataDir string, flags []string) (*Se
 	case c.URL = <-found:
 		select {
 		case c.HealthURL = <-health: // printed before the listening line
+		default:
+		}
+		select {
+		case c.DebugURL = <-c.debugAddr: // also before
 		default:
 		}
 		return c, nil
