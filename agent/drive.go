@@ -52,6 +52,20 @@ func Run(ctx context.Context, cfg Config) (t *trajectory.Trajectory, err error) 
 // meanwhile by Cancel or Finish ends the loop. The error is a *RecordError,
 // returned with the trajectory.
 func (s *Session) Drive(ctx context.Context, p Policy) (*trajectory.Trajectory, error) {
+	if h := s.cfg.CPU.Hold(); h != nil {
+		// A turn at the CPU gate while stepping; the waits are outside it.
+		s.mu.Lock()
+		s.cpu = h
+		s.mu.Unlock()
+		s.w.SetOutside(func(wait func()) { h.Outside(ctx, wait) })
+		h.Enter(ctx)
+		defer func() {
+			s.mu.Lock()
+			s.cpu = nil
+			s.mu.Unlock()
+			h.Leave()
+		}()
+	}
 	for !s.Ended() {
 		if derr := s.deadlineErr(ctx); derr != nil {
 			s.mu.Lock()
@@ -63,10 +77,15 @@ func (s *Session) Drive(ctx context.Context, p Policy) (*trajectory.Trajectory, 
 			break
 		}
 		pctx, cancel := context.WithDeadline(ctx, s.deadline)
-		turn, err := p.Next(pctx, Request{
+		req := Request{
 			EpisodeID: s.cfg.EpisodeID, TaskID: s.task.ID, Turn: s.Turn(),
 			Messages: s.Messages(), Tools: s.Tools(), Sampling: s.cfg.Sampling, Tokens: s.TokenContext(),
-		})
+		}
+		var (
+			turn Turn
+			err  error
+		)
+		s.holdOutside(ctx, func() { turn, err = p.Next(pctx, req) })
 		cancel()
 		if err != nil {
 			if err := s.EndPolicy(ctx, err); err != nil {
@@ -79,4 +98,13 @@ func (s *Session) Drive(ctx context.Context, p Policy) (*trajectory.Trajectory, 
 		}
 	}
 	return s.Trajectory(), nil
+}
+
+// holdOutside runs wait outside the episode's turn at the CPU gate, if
+// Drive holds one (Config.CPU).
+func (s *Session) holdOutside(ctx context.Context, wait func()) {
+	s.mu.Lock()
+	h := s.cpu
+	s.mu.Unlock()
+	h.Outside(ctx, wait)
 }

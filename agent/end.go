@@ -121,7 +121,9 @@ func (s *Session) end(ctx context.Context, reason, message string) error {
 	if s.ended {
 		return nil
 	}
-	if err := s.stopSubagents(true); err != nil {
+	var serr error
+	s.cpu.Outside(ctx, func() { serr = s.stopSubagents(true) })
+	if err := serr; err != nil {
 		return s.failRecord(err)
 	}
 	s.ended = true
@@ -140,9 +142,10 @@ func (s *Session) end(ctx context.Context, reason, message string) error {
 		// A sub-episode is frozen: its outcome is its orchestrator's
 		// observation, never scored.
 	case trajectory.Scored(reason) && s.sb != nil:
-		term, rw = s.verify(context.WithoutCancel(ctx), term)
+		// The verifier waits on the sandbox: outside the CPU gate.
+		s.cpu.Outside(ctx, func() { term, rw = s.verify(context.WithoutCancel(ctx), term) })
 	}
-	s.closeSandbox()
+	s.cpu.Outside(ctx, s.closeSandbox)
 	s.monitor(term, rw)
 	if s.closeErr != nil {
 		// The sandbox is gone (the backend verifies it) before the episode

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/rollbox/rollbox/internal/cpugate"
 	"maps"
 	"os"
 	"path/filepath"
@@ -78,6 +79,14 @@ type Config struct {
 	// is written (trajectory.NewWriterTee): a cluster worker streams it to
 	// its coordinator. Its error is the record's.
 	Journal func(line []byte) error
+	// CPU, if set, bounds the episodes doing CPU-bound work at once
+	// (internal/cpugate): Drive holds a turn while it steps the episode
+	// and gives it back while it waits (the policy's answer, a tool call,
+	// the disk), so that episodes woken by the thousand wait parked in the
+	// gate's queue rather than in Go's run queues, where a /healthz probe
+	// would wait behind them. Time waited for a turn is counted in no tool
+	// call's or policy call's duration.
+	CPU *cpugate.Gate
 }
 
 // backend is the episode's sandbox backend: the task's, else the config's.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/rollbox/rollbox/internal/cpugate"
 	"strings"
 	"sync"
 	"time"
@@ -18,8 +19,11 @@ import (
 // record. Run drives it with a Policy; the rollout API's environment mode
 // drives it step by step. Methods are serialised by a mutex.
 type Session struct {
-	mu       sync.Mutex
-	cfg      Config
+	mu  sync.Mutex
+	cfg Config
+	// cpu is Drive's turn at cfg.CPU (nil when none): the tool calls and
+	// the end's waits are run outside it.
+	cpu      *cpugate.Hold
 	task     *Task
 	start    time.Time
 	deadline time.Time
@@ -335,10 +339,20 @@ func ctxMessage(ctx context.Context, err error) string {
 // *RecordError that has ended it.
 func (s *Session) runCall(ctx context.Context, call ToolCall) (ToolOutcome, error) {
 	start := time.Now()
-	tctx, cancel := context.WithDeadline(ctx, s.deadline)
-	res, err := s.reg.Call(tctx, s.env, call.Name, call.Arguments)
-	cancel()
-	return s.recordCall(ctx, call, start, &res, err)
+	var (
+		res tools.Result
+		err error
+		dur time.Duration
+	)
+	// Outside the CPU gate: the call waits (the sandbox, the audit log),
+	// and the wait for a turn after it is not the call's.
+	s.cpu.Outside(ctx, func() {
+		tctx, cancel := context.WithDeadline(ctx, s.deadline)
+		res, err = s.reg.Call(tctx, s.env, call.Name, call.Arguments)
+		cancel()
+		dur = time.Since(start)
+	})
+	return s.recordCall(ctx, call, start, dur, &res, err)
 }
 
 // recordCall records a tool call that ran (runCall). It is a function of
@@ -348,8 +362,7 @@ func (s *Session) runCall(ctx context.Context, call ToolCall) (ToolOutcome, erro
 // point (stacks.go's note).
 //
 //go:noinline
-func (s *Session) recordCall(ctx context.Context, call ToolCall, start time.Time, res *tools.Result, err error) (ToolOutcome, error) {
-	dur := time.Since(start)
+func (s *Session) recordCall(ctx context.Context, call ToolCall, start time.Time, dur time.Duration, res *tools.Result, err error) (ToolOutcome, error) {
 	step := trajectory.Step{
 		Type: trajectory.StepTool, Turn: s.turn - 1, StartedAt: start.UTC(), DurationMS: ms(dur),
 		CallID: call.ID, Name: call.Name, Arguments: argumentsJSON(call.Arguments),

@@ -45,7 +45,9 @@ func BenchmarkPolicyCall(b *testing.B) {
 		{"direct", func(ctx context.Context, p agent.Policy, req agent.Request) (agent.Turn, error) {
 			return p.Next(ctx, req)
 		}},
-		{"apart", callApart},
+		{"apart", func(ctx context.Context, p agent.Policy, req agent.Request) (agent.Turn, error) {
+			return callApart(ctx, p, req, nil)
+		}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rollbox/rollbox/agent"
+	"github.com/rollbox/rollbox/internal/cpugate"
 )
 
 // endpoint is one policy server (by base URL): a connection pool and a cap
@@ -34,10 +35,22 @@ func (e *endpoints) get(url string) *endpoint {
 	tr.MaxIdleConns = 0
 	tr.MaxIdleConnsPerHost = e.limit
 	tr.MaxConnsPerHost = e.limit
-	ep := &endpoint{url: url, sem: make(chan struct{}, e.limit), client: &http.Client{Transport: tr}}
+	ep := &endpoint{url: url, sem: make(chan struct{}, e.limit), client: &http.Client{Transport: leaveGate{tr}}}
 	e.m[url] = ep
 	return ep
 }
+
+// leaveGate gives the request's turn at the CPU gate back (callApart)
+// before the round trip: the policy's answer is a wait.
+type leaveGate struct{ inner *http.Transport }
+
+func (t leaveGate) RoundTrip(req *http.Request) (*http.Response, error) {
+	cpugate.HoldOf(req.Context()).Leave()
+	return t.inner.RoundTrip(req)
+}
+
+// CloseIdleConnections is the transport's (http.Client.CloseIdleConnections).
+func (t leaveGate) CloseIdleConnections() { t.inner.CloseIdleConnections() }
 
 func (e *endpoints) Close() {
 	e.mu.Lock()
@@ -81,6 +94,9 @@ type gatedPolicy struct {
 	// versions, when set, gives each turn the rollout's policy version and
 	// ends a stale episode (max_staleness).
 	versions versioner
+	// cpu, when set, is the CPU gate the call's request is built and
+	// encoded behind (callApart).
+	cpu *cpugate.Gate
 }
 
 func (g *gatedPolicy) Next(ctx context.Context, req agent.Request) (agent.Turn, error) {
@@ -106,7 +122,7 @@ func (g *gatedPolicy) Next(ctx context.Context, req agent.Request) (agent.Turn, 
 		version = v
 	}
 	t0 := time.Now()
-	turn, err := callApart(ctx, g.inner, req)
+	turn, err := callApart(ctx, g.inner, req, g.cpu)
 	turn.PolicyVersion = version
 	g.metrics.PolicyDuration.WithLabelValues(g.ep.url).Observe(seconds(time.Since(t0)))
 	if err != nil && ctx.Err() == nil {
@@ -126,7 +142,12 @@ func (g *gatedPolicy) Next(ctx context.Context, req agent.Request) (agent.Turn, 
 // --policy-concurrency) hold such a stack, and only while they run. A
 // panic of the call is raised again on the caller's goroutine, where the
 // episode recovers it as before.
-func callApart(ctx context.Context, p agent.Policy, req agent.Request) (agent.Turn, error) {
+//
+// With a CPU gate, the call builds and encodes its request (the most CPU
+// an episode's turn takes) with a turn at the gate, given back when the
+// request goes out (leaveGate): the wait for the turn comes before the
+// policy's latency is measured, and the answer's decoding is not gated.
+func callApart(ctx context.Context, p agent.Policy, req agent.Request, cpu *cpugate.Gate) (agent.Turn, error) {
 	type result struct {
 		turn  agent.Turn
 		err   error
@@ -141,6 +162,11 @@ func callApart(ctx context.Context, p agent.Policy, req agent.Request) (agent.Tu
 			}
 			done <- r
 		}()
+		h := cpu.Hold()
+		defer h.Leave()
+		if h.Enter(ctx) {
+			ctx = cpugate.WithHold(ctx, h)
+		}
 		r.turn, r.err = p.Next(ctx, req)
 	}()
 	r := <-done

@@ -749,7 +749,8 @@ func (s *Server) episodeConfig(j *job) (*agent.Config, error) {
 	cfg := j.plan.config(r.id, e.rec.GroupIndex, s.st.episodesDir)
 	cfg.NewSandbox = s.sandboxes.create
 	cfg.Prefix = e.group.prefix
-	cfg.Policy = &gatedPolicy{inner: r.policy, ep: r.endpoint, rolloutSem: r.sem, metrics: s.metrics, versions: episodeVersions{r, e}}
+	cfg.Policy = &gatedPolicy{inner: r.policy, ep: r.endpoint, rolloutSem: r.sem, metrics: s.metrics, versions: episodeVersions{r, e}, cpu: s.cpu}
+	cfg.CPU = s.cpu
 	cfg.PolicyInfo, cfg.Sampling = r.info, r.sampling
 	cfg.Observe = s.metrics.observer(j.plan.backend)
 	cfg.Judges = s.judges

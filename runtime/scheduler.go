@@ -28,6 +28,13 @@ type Limits struct {
 	// URL) across all rollouts (default 1024). A rollout may lower its own
 	// with policy.max_concurrency.
 	PolicyConcurrency int
+	// CPUAtOnce bounds the rollout episodes doing CPU-bound work in this
+	// process at once (internal/cpugate: recording a step, encoding a
+	// policy request, writing the final record, a stream's lines); their
+	// waits are outside it. Default 4×GOMAXPROCS (cpugate.Size); negative: no
+	// bound (every woken episode is runnable at once, and a /healthz
+	// probe waits behind them in Go's run queues).
+	CPUAtOnce int
 	// WarmPool is the most ready sandboxes kept per backend and spec; each
 	// backend's pool keeps, of each spec, as many as episodes wait for it
 	// (defaults: docker and containerd 16, wasm 0: a WASM sandbox is made in

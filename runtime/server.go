@@ -24,6 +24,7 @@ import (
 	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/agent/judge"
 	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/internal/cpugate"
 	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/tools"
 )
@@ -126,6 +127,9 @@ type Server struct {
 	envOpen       atomic.Int64
 	// opening holds a token for each rollout episode opening (openGate).
 	opening chan struct{}
+	// cpu bounds the rollout episodes doing CPU-bound work at once
+	// (agent.Config.CPU, callApart, the stream's encoding).
+	cpu *cpugate.Gate
 	// unstartedEnding counts the bulk ends of never-started episodes being
 	// recorded in the background (stopRollout): the service is not idle.
 	unstartedEnding atomic.Int64
@@ -230,10 +234,22 @@ func Open(opts Options) (*Server, error) {
 	s.judges = judge.NewPool(jo)
 	s.endpoints = &endpoints{limit: s.limits.PolicyConcurrency, m: map[string]*endpoint{}}
 	s.opening = make(chan struct{}, openingAtOnce())
+	switch n := s.limits.CPUAtOnce; {
+	case n == 0:
+		s.cpu = cpugate.New(cpugate.Size())
+	case n > 0:
+		s.cpu = cpugate.New(n)
+	}
 	s.backends = newBackendOpener(s.ctx, opts.Backends, s.log)
 	s.sandboxes = &sandboxes{backends: s.backends, metrics: s.metrics, warm: s.limits.WarmPool, pools: map[string]*sandbox.Pool{}}
 	s.storage = newStorageMonitor(st.dir, s.limits.DiskReserve, s.limits.StorageCheckEvery, s.storageChanged)
-	opts.Registry.MustRegister(poolCollector{s.sandboxes}, healthCollector{s})
+	opts.Registry.MustRegister(poolCollector{s.sandboxes}, healthCollector{s},
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rollbox_cpu_gate_wait_seconds_total",
+			Help: "Time rollout episodes waited, in all, for a turn at the CPU gate (their CPU-bound work runs a few at a time; waits for the policy, tools and the disk are outside it)."},
+			func() float64 { return s.cpu.Stats().Wait.Seconds() }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rollbox_cpu_gate_waiting",
+			Help: "Rollout episodes waiting now for a turn at the CPU gate."},
+			func() float64 { return float64(s.cpu.Stats().Waiting) }))
 	openEnv, err := st.openEnvEpisodes()
 	if err != nil {
 		st.Close()

@@ -333,6 +333,8 @@ func TestARolloutStreamsEveryEpisodeWithItsGroupStatistics(t *testing.T) {
 		`rollbox_episodes{state="running"} 0`,
 		`rollbox_rollouts_total{state="done"} 1`,
 		`rollbox_process_peak_rss_bytes`,
+		`rollbox_cpu_gate_wait_seconds_total`,
+		`rollbox_cpu_gate_waiting 0`,
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %q", want)

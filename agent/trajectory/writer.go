@@ -74,6 +74,19 @@ type Writer struct {
 	base      int64
 	// tee, when set, is given every journal line after it is written.
 	tee func(line []byte) error
+	// outside, when set, runs End's waits for the disk (the final
+	// document's write and fsyncs) (SetOutside).
+	outside func(wait func())
+}
+
+// SetOutside has End run its waits for the disk (writing the final
+// document, its fsync and the directory's) through outside, which calls
+// wait: the rollout service gives its CPU gate's turn back for them
+// (internal/cpugate), while the document's encoding stays inside.
+func (w *Writer) SetOutside(outside func(wait func())) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.outside = outside
 }
 
 // NewWriter starts the record of t in dir, writing its header at once.
@@ -341,7 +354,20 @@ func (w *Writer) End(term *Termination, reward *Reward, stats Stats) error {
 		w.discard()
 		return fmt.Errorf("trajectory: %w", err)
 	}
-	if err := WriteFile(w.final, w.t); err != nil {
+	doc, err := marshalDocument(w.t)
+	if err == nil {
+		write := func() {
+			if err = writeTempBytes(w.final, doc, true); err == nil {
+				err = commitTemp(w.final)
+			}
+		}
+		if w.outside != nil {
+			w.outside(write)
+		} else {
+			write()
+		}
+	}
+	if err != nil {
 		w.discard()
 		return err
 	}
@@ -447,6 +473,15 @@ func (x *dirSyncer) sync(dir string) error {
 
 // writeTemp writes t to path + tmpSuffix (fsynced when sync is set).
 func writeTemp(path string, t *Trajectory, sync bool) (err error) {
+	b, err := marshalDocument(t)
+	if err != nil {
+		return err
+	}
+	return writeTempBytes(path, b, sync)
+}
+
+// marshalDocument encodes t as its final document (without the newline).
+func marshalDocument(t *Trajectory) ([]byte, error) {
 	// A token-mode record (one with segments) is written compact: its id
 	// arrays indented would take a line an id.
 	marshal := func(v any) ([]byte, error) { return json.MarshalIndent(v, "", " ") }
@@ -455,9 +490,9 @@ func writeTemp(path string, t *Trajectory, sync bool) (err error) {
 	}
 	b, err := marshal(t)
 	if err != nil {
-		return fmt.Errorf("trajectory %s: %w", t.EpisodeID, err)
+		return nil, fmt.Errorf("trajectory %s: %w", t.EpisodeID, err)
 	}
-	return writeTempBytes(path, b, sync)
+	return b, nil
 }
 
 // writeTempBytes writes b and a newline to path + tmpSuffix (fsynced when

@@ -62,6 +62,7 @@ stderr.`,
 	dockerConc := fs.Int("docker-concurrency", 256, "docker episodes running at once")
 	wasmConc := fs.Int("wasm-concurrency", 0, "wasm episodes running at once (default: --max-running)")
 	policyConc := fs.Int("policy-concurrency", 1024, "policy calls in flight per endpoint")
+	cpuAtOnce := fs.Int("cpu-at-once", 0, "rollout episodes doing CPU-bound work in the service at once (recording a step, encoding a policy request; their waits are outside it), so that /healthz is not queued behind thousands woken together (default 4×GOMAXPROCS; -1: no bound)")
 	var jf judgeFlags
 	jf.add(cmd)
 	forkSpares := addForkSparesFlag(fs)
@@ -325,7 +326,7 @@ stderr.`,
 		limits := runtime.Limits{MaxRunning: *maxRunning, MaxQueued: *maxQueued, PolicyConcurrency: *policyConc,
 			Backend: map[string]int{sandbox.BackendDocker: *dockerConc}, WarmPool: map[string]int{sandbox.BackendDocker: *warm, sandbox.BackendContainerd: *warm},
 			MaxEnvEpisodes: *envMax, EnvIdleTimeout: *envIdle, DiskReserve: reserve,
-			MaxImports: *maxImports, MaxImportEpisodeBytes: int(maxImportBytes)}
+			MaxImports: *maxImports, MaxImportEpisodeBytes: int(maxImportBytes), CPUAtOnce: *cpuAtOnce}
 		if *wasmConc > 0 {
 			limits.Backend[sandbox.BackendWASM] = *wasmConc
 		}
