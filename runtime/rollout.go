@@ -673,7 +673,7 @@ func (s *Server) startJob(j *job) {
 	s.metrics.Episodes.WithLabelValues("queued").Dec()
 	s.metrics.Episodes.WithLabelValues("running").Inc()
 	s.wg.Add(1)
-	go func() {
+	run := func(openHeld bool) {
 		defer s.wg.Done()
 		defer s.sched.done(j)
 		r := j.r
@@ -687,7 +687,7 @@ func (s *Server) startJob(j *job) {
 		if first {
 			s.saveRollout(r)
 		}
-		t, err := s.runEpisode(r.ctx, j)
+		t, err := s.runEpisode(r.ctx, j, openHeld)
 		s.metrics.Episodes.WithLabelValues("running").Dec()
 		r.mu.Lock()
 		r.running--
@@ -698,20 +698,34 @@ func (s *Server) startJob(j *job) {
 			s.log.Error("episode failed", "episode", j.ep.rec.ID, "err", err)
 		}
 		s.endEpisode(r, j.ep, t, err)
-	}()
+	}
+	if j.plan.backend == "wasm" { // in-process, CPU-bound: see openingAtOnce
+		// Its goroutine starts with its turn to open (opens).
+		s.opens.start(j.r.ctx, run)
+		return
+	}
+	go run(false)
 }
 
 // runEpisode runs one rollout episode (agent.Run: the open, retried as
 // the service retries, then the loop) with the rollout's policy behind the
 // endpoint's and the rollout's concurrency caps. The session is kept on the
 // episode while it runs, so a cancellation can end it.
-func (s *Server) runEpisode(ctx context.Context, j *job) (t *trajectory.Trajectory, err error) {
+func (s *Server) runEpisode(ctx context.Context, j *job, openHeld bool) (t *trajectory.Trajectory, err error) {
 	// A bug that panics fails the episode, not the service.
 	defer func() {
 		if p := recover(); p != nil {
 			t, err = nil, fmt.Errorf("episode %s: %v", j.ep.rec.ID, p)
 		}
 	}()
+	// The turn to open it was started with (opens) is given back once it
+	// has opened, at the latest now.
+	releaseOpen := func() {}
+	if openHeld {
+		var once sync.Once
+		releaseOpen = func() { once.Do(s.opens.release) }
+	}
+	defer releaseOpen()
 	r, e := j.r, j.ep
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -727,9 +741,8 @@ func (s *Server) runEpisode(ctx context.Context, j *job) (t *trajectory.Trajecto
 	// and deadline never count it). A backend that does not open fails
 	// the episode's open as before, with its retries.
 	s.backends.get(ctx, j.plan.backend)
-	if j.plan.backend == "wasm" { // in-process, CPU-bound: see openingAtOnce
-		opened := s.openGate(ctx, cfg)
-		defer opened()
+	if openHeld {
+		openGate(releaseOpen, cfg)
 	}
 	t, err = agent.Run(ctx, *cfg)
 	r.mu.Lock()

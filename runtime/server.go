@@ -125,8 +125,8 @@ type Server struct {
 	recoveringAny atomic.Bool
 	closingFlag   atomic.Bool
 	envOpen       atomic.Int64
-	// opening holds a token for each rollout episode opening (openGate).
-	opening chan struct{}
+	// opens are the WASM rollout episodes' turns to open (openGate).
+	opens *opens
 	// cpu bounds the rollout episodes doing CPU-bound work at once
 	// (agent.Config.CPU, callApart, the stream's encoding).
 	cpu *cpugate.Gate
@@ -233,7 +233,7 @@ func Open(opts Options) (*Server, error) {
 	jo.Observe = s.metrics.judgeObserver()
 	s.judges = judge.NewPool(jo)
 	s.endpoints = &endpoints{limit: s.limits.PolicyConcurrency, m: map[string]*endpoint{}}
-	s.opening = make(chan struct{}, openingAtOnce())
+	s.opens = &opens{free: openingAtOnce()}
 	switch n := s.limits.CPUAtOnce; {
 	case n == 0:
 		s.cpu = cpugate.New(cpugate.Size())
