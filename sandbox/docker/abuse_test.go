@@ -198,7 +198,17 @@ func TestAnEngineSideFailureStaysUnscored(t *testing.T) {
 							}
 							time.Sleep(50 * time.Millisecond)
 						}
-						done <- o.do(context.Background(), sb.Info().ID)
+						// runc cannot freeze a container while its shell
+						// forks the sleep ("unable to freeze"): the engine
+						// is asked again until it does what it is asked.
+						var err error
+						for range 20 {
+							if err = o.do(context.Background(), sb.Info().ID); err == nil {
+								break
+							}
+							time.Sleep(250 * time.Millisecond)
+						}
+						done <- err
 					})
 					if err := <-done; err != nil {
 						t.Fatalf("%s: %v", o.name, err)
