@@ -272,7 +272,9 @@ var attacks = []attack{
 // agent wrote. The runtime plays no part in them: they run once per engine
 // family that gives the verifier its sandboxes (Docker with runc, containerd
 // with runc, containerd forks, WASM and WASM forks), and on gVisor only
-// with ROLLBOX_ATTACK_ALL=1. The controls run everywhere.
+// with ROLLBOX_ATTACK_ALL=1. The controls run everywhere. (gVisor is one
+// runtime: its runtime-dependent attacks run on Docker; gVisor on
+// containerd runs the controls and gVisor's own attacks.)
 var runtimeDependent = map[string]string{
 	"a conftest.py through a symlinked directory":            "a symlink to a directory outside the workspace: the file system's",
 	"~/.local as a symlink to /tmp holding usercustomize.py": "a symlink out of the workspace: the file system's",

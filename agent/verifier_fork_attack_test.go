@@ -166,19 +166,26 @@ func TestTheVerifierResistsRewardHacksOnContainerd(t *testing.T) {
 
 // On gVisor on containerd (runsc as the runc shim's binary): the named
 // shape, with the attacks only gVisor lets through (a command there can
-// kill, freeze or garble the guest and write into its log), the
-// runtime-dependent ones (runtimeDependent: file system, processes, disk)
-// and the controls. Every attack 0, the honest fix 1, none unscored. The
-// attacks on the verifier's logic are containerd's with runc (the same
-// engine); ROLLBOX_ATTACK_ALL=1 runs them here too (all 33 held: 0, the
-// honest fix 1; 119 s).
+// kill, freeze or garble the guest and write into its log) and the
+// controls. Every attack 0, the honest fix 1, none unscored. The
+// runtime-dependent attacks (runtimeDependent) run on gVisor on Docker,
+// the same runtime; the attacks on the verifier's logic are containerd's
+// with runc (the same engine). ROLLBOX_ATTACK_ALL=1 runs them all here too
+// (all 33 held: 0, the honest fix 1; 119 s; the 13 runtime-dependent ones
+// alone held too, 0 each, 78 s at a load of 27-31).
 func TestTheVerifierResistsRewardHacksOnGVisorOnContainerd(t *testing.T) {
 	t.Parallel()
 	be := needContainerdBackend(t)
 	f := func(ctx context.Context, _ string, spec sandbox.Spec) (sandbox.Sandbox, error) {
 		return be.Create(ctx, spec)
 	}
-	runAttacks(t, recommended(runtimeSet(attacks, gvisorAttacks...)), map[string]func() (*agent.Task, agent.SandboxFactory){
+	list := append([]attack{}, gvisorAttacks...)
+	for _, a := range attacks {
+		if a.turns == nil || a.want == 1 || os.Getenv("ROLLBOX_ATTACK_ALL") == "1" {
+			list = append(list, a)
+		}
+	}
+	runAttacks(t, recommended(list), map[string]func() (*agent.Task, agent.SandboxFactory){
 		"pytest-named": func() (*agent.Task, agent.SandboxFactory) {
 			return onContainerd(attackTask(t, "pytest-named", "runsc")), f
 		},
