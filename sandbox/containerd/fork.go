@@ -254,7 +254,8 @@ func (c *Container) PrepareFork(n int) {
 // sandboxes of that spec (whatever their labels: spares have none),
 // filling in the background, so a Fork takes them instead of creating its
 // children cold. Forks refill them after use up to Options.ForkSpares;
-// spares no fork takes for Options.SpareIdle are closed.
+// spares no fork takes for Options.SpareIdle after they are ready (or
+// after the last request for them) are closed.
 func (b *Backend) SpareForks(spec sandbox.Spec, n int) {
 	if n <= 0 {
 		return
@@ -294,14 +295,18 @@ func (b *Backend) SpareForks(spec sandbox.Spec, n int) {
 				continue
 			}
 			s.mu.Lock()
-			if s.closed || s.idle[key] == nil {
-				// Closed, or idle for SpareIdle meanwhile: not wanted.
+			if s.closed {
 				s.filling[key] = false
 				s.mu.Unlock()
 				c.Close()
 				return
 			}
 			s.ready[key] = append(s.ready[key], c)
+			// A spare's idle time counts from when it is ready: counted
+			// from the request, a create slower than SpareIdle (a loaded
+			// host, a short SpareIdle) closed every spare it made before
+			// any fork could take it.
+			s.touchLocked(key, b.opts.SpareIdle)
 			if len(s.ready[key]) >= n {
 				// Done under the same lock: a fork that takes them now
 				// starts a refill of its own.
