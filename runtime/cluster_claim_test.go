@@ -16,10 +16,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rollbox/rollbox/internal/fakepolicy"
+	"github.com/rollbox/rollbox/internal/natstest"
 	"github.com/rollbox/rollbox/runtime"
 	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/sandbox/wasm/wasmtest"
@@ -34,15 +34,7 @@ import (
 // was lost, none is kept as an infrastructure attempt, and every member
 // runs as its first attempt.
 func TestAGroupItemWhoseMemberMustWaitClaimsNone(t *testing.T) {
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("the embedded NATS server did not start")
-	}
-	defer ns.Shutdown()
+	ns := natstest.Start(t)
 	pol, err := fakepolicy.Start(fakepolicy.Config{Responder: fakepolicy.BashThenFinish(2)})
 	if err != nil {
 		t.Fatal(err)

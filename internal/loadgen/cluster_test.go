@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rollbox/rollbox/internal/loadgen"
+	"github.com/rollbox/rollbox/internal/natstest"
 	"github.com/rollbox/rollbox/runtime"
 	"github.com/rollbox/rollbox/sandbox"
 )
@@ -27,15 +27,7 @@ import (
 // fleet does not, the sizing benchmark would measure nothing: this fails
 // first.
 func TestFakeWorkersHaveEveryEpisodeOfARolloutStoredOnce(t *testing.T) {
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("the embedded NATS server did not start")
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	ns := natstest.Start(t)
 
 	heartbeat := 200 * time.Millisecond
 	srv, err := runtime.Open(runtime.Options{DataDir: t.TempDir(), Registry: prometheus.NewRegistry(),
