@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/rollbox/rollbox/internal/cpugate"
 	"maps"
 	"os"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/rollbox/rollbox/agent/judge"
 	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/internal/cpugate"
 	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/tools"
 )

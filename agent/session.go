@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/rollbox/rollbox/internal/cpugate"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/internal/cpugate"
 	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/tools"
 )

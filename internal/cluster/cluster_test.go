@@ -809,18 +809,21 @@ func (p *serveProcess) restart(t testing.TB) {
 // waitDone waits until a rollout has at least n episodes done.
 func (c *coordinator) waitDone(id string, n int) {
 	c.t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for time.Now().Before(deadline) {
-		var st struct {
-			EpisodesDone int `json:"episodes_done"`
-		}
-		c.do("GET", "/v1/rollouts/"+id, nil, &st)
-		if st.EpisodesDone >= n {
-			return
+	c.waitDoneWithin(id, n, 2*time.Minute, "")
+}
+
+// waitDoneWithin waits until rollout id has n episodes done, failing the
+// test after within, saying why the wait matters and the rollout's status.
+func (c *coordinator) waitDoneWithin(id string, n int, within time.Duration, why string) {
+	c.t.Helper()
+	var st runtime.RolloutStatus
+	deadline := time.Now().Add(within)
+	for c.do("GET", "/v1/rollouts/"+id, nil, &st); st.EpisodesDone < n; c.do("GET", "/v1/rollouts/"+id, nil, &st) {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("rollout %s has not %d episodes done after %v%s: %+v", id, n, within, why, st)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	c.t.Fatalf("rollout %s has not %d episodes done after 2 minutes", id, n)
 }
 
 // TestTheCoordinatorKilledAndNATSRestartedLoseNothing: the coordinator

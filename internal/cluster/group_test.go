@@ -540,14 +540,8 @@ func TestAGroupNoWorkerCanHoldWaitsWithoutHoldingSlots(t *testing.T) {
 	startWorker(t, ns.url, "b", "wasm", 2)
 	coord.waitWorkers(2)
 	id := coord.submit(rolloutRequest(pol.URL(), tasks, group, nil))
+	coord.waitDoneWithin(id, group, 2*time.Minute, " (t1's episodes)")
 	var st runtime.RolloutStatus
-	deadline := time.Now().Add(2 * time.Minute)
-	for coord.do("GET", "/v1/rollouts/"+id, nil, &st); st.EpisodesDone < group; coord.do("GET", "/v1/rollouts/"+id, nil, &st) {
-		if time.Now().After(deadline) {
-			t.Fatalf("t1's episodes did not end in 2 minutes: %+v", st)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 	time.Sleep(time.Second) // five heartbeats: nothing changes while no worker can hold the group
 	coord.do("GET", "/v1/rollouts/"+id, nil, &st)
 	if st.EpisodesDone != group || st.EpisodesRunning != 0 || st.EpisodesQueued != group {
@@ -593,14 +587,8 @@ func TestAGroupWhoseOnlyBigWorkerLeftHoldsNoSlots(t *testing.T) {
 	big.kill()
 	startWorker(t, ns.url, "small", "wasm", group-1)
 
+	coord.waitDoneWithin(id, group, time.Minute, " (t1's episodes, on the small worker: the group holds the slots)")
 	var st runtime.RolloutStatus
-	deadline := time.Now().Add(time.Minute)
-	for coord.do("GET", "/v1/rollouts/"+id, nil, &st); st.EpisodesDone < group; coord.do("GET", "/v1/rollouts/"+id, nil, &st) {
-		if time.Now().After(deadline) {
-			t.Fatalf("t1's episodes did not end on the small worker in a minute: the group holds the slots: %+v", st)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 	coord.do("GET", "/v1/rollouts/"+id, nil, &st)
 	if st.EpisodesDone != group || st.EpisodesRunning != 0 || st.EpisodesQueued != group {
 		t.Fatalf("while no worker has %d slots: done %d running %d queued %d, want t1's %d done, none running, the group's %d queued",
