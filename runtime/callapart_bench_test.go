@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/agent/openai"
+	"github.com/rollbox/rollbox/internal/cpugate"
 	"github.com/rollbox/rollbox/internal/fakepolicy"
 )
 
@@ -46,7 +48,8 @@ func BenchmarkPolicyCall(b *testing.B) {
 			return p.Next(ctx, req)
 		}},
 		{"apart", func(ctx context.Context, p agent.Policy, req agent.Request) (agent.Turn, error) {
-			return callApart(ctx, p, req, nil)
+			turn, _, err := callApart(ctx, p, req, nil)
+			return turn, err
 		}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
@@ -68,4 +71,37 @@ func processCPU() int64 {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return ru.Utime.Nano() + ru.Stime.Nano()
+}
+
+type nextFunc func(context.Context, agent.Request) (agent.Turn, error)
+
+func (f nextFunc) Next(ctx context.Context, req agent.Request) (agent.Turn, error) {
+	return f(ctx, req)
+}
+
+// A policy call that waits for its turn at the CPU gate says how long
+// (gatedPolicy takes it out of rollbox_policy_duration_seconds: the wait
+// is the service's, not the policy's).
+func TestAPolicyCallSaysHowLongItWaitedForACPUTurn(t *testing.T) {
+	ctx := context.Background()
+	gate := cpugate.New(1)
+	other := gate.Hold()
+	other.Enter(ctx)
+	const held = 200 * time.Millisecond
+	go func() { time.Sleep(held); other.Leave() }()
+	_, waited, err := callApart(ctx, nextFunc(func(context.Context, agent.Request) (agent.Turn, error) {
+		return agent.Turn{}, nil
+	}), agent.Request{}, gate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if waited < held*3/4 {
+		t.Errorf("the call waited %v for its turn, behind a holder of %v: want about that", waited, held)
+	}
+	_, waited, _ = callApart(ctx, nextFunc(func(context.Context, agent.Request) (agent.Turn, error) {
+		return agent.Turn{}, nil
+	}), agent.Request{}, gate)
+	if waited != 0 {
+		t.Errorf("with the gate free the call waited %v", waited)
+	}
 }

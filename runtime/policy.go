@@ -122,9 +122,10 @@ func (g *gatedPolicy) Next(ctx context.Context, req agent.Request) (agent.Turn, 
 		version = v
 	}
 	t0 := time.Now()
-	turn, err := callApart(ctx, g.inner, req, g.cpu)
+	turn, gateWait, err := callApart(ctx, g.inner, req, g.cpu)
 	turn.PolicyVersion = version
-	g.metrics.PolicyDuration.WithLabelValues(g.ep.url).Observe(seconds(time.Since(t0)))
+	// The wait for a turn at the CPU gate is the service's, not the policy's.
+	g.metrics.PolicyDuration.WithLabelValues(g.ep.url).Observe(seconds(time.Since(t0) - gateWait))
 	if err != nil && ctx.Err() == nil {
 		g.metrics.PolicyErrors.WithLabelValues(g.ep.url).Inc()
 	}
@@ -147,11 +148,13 @@ func (g *gatedPolicy) Next(ctx context.Context, req agent.Request) (agent.Turn, 
 // an episode's turn takes) with a turn at the gate, given back when the
 // request goes out (leaveGate): the wait for the turn comes before the
 // policy's latency is measured, and the answer's decoding is not gated.
-func callApart(ctx context.Context, p agent.Policy, req agent.Request, cpu *cpugate.Gate) (agent.Turn, error) {
+// gateWait is how long the call waited for its turn.
+func callApart(ctx context.Context, p agent.Policy, req agent.Request, cpu *cpugate.Gate) (turn agent.Turn, gateWait time.Duration, err error) {
 	type result struct {
-		turn  agent.Turn
-		err   error
-		panic any
+		turn   agent.Turn
+		err    error
+		panic  any
+		waited time.Duration
 	}
 	done := make(chan result, 1)
 	go func() {
@@ -168,10 +171,11 @@ func callApart(ctx context.Context, p agent.Policy, req agent.Request, cpu *cpug
 			ctx = cpugate.WithHold(ctx, h)
 		}
 		r.turn, r.err = p.Next(ctx, req)
+		r.waited = h.Waited()
 	}()
 	r := <-done
 	if r.panic != nil {
 		panic(r.panic)
 	}
-	return r.turn, r.err
+	return r.turn, r.waited, r.err
 }
