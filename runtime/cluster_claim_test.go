@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -52,25 +51,9 @@ func TestAGroupItemWhoseMemberMustWaitClaimsNone(t *testing.T) {
 		return strings.HasSuffix(id, fmt.Sprintf(".%d", group-1)) && waited.Add(1) == 1
 	})
 	data := t.TempDir()
-	srv, err := runtime.Open(runtime.Options{DataDir: data, Registry: prometheus.NewRegistry(), Logger: log, Cluster: co,
-		Backends: runtime.BackendFunc(func(context.Context, string) (sandbox.Backend, error) {
-			return nil, fmt.Errorf("a coordinator opens no backend: %w", sandbox.ErrEngineUnavailable)
-		})})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, hsURL := natstest.Coordinator(t, data, co, log)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if _, err := srv.Recovered(ctx); err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	defer func() {
-		hs.Close()
-		sctx, scancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer scancel()
-		srv.Shutdown(sctx)
-	}()
 	be := wasmtest.Backend(t)
 	wctx, stopWorker := context.WithCancel(ctx)
 	workerDone := make(chan error, 1)
@@ -90,7 +73,7 @@ func TestAGroupItemWhoseMemberMustWaitClaimsNone(t *testing.T) {
 			map[string]any{"name": "bash", "arguments": map[string]any{"command": "echo prefix >> /work/n"}}}}}}}
 	body, _ := json.Marshal(map[string]any{"tasks": []any{task}, "group_size": group,
 		"policy": map[string]any{"base_url": pol.URL(), "model": "fake-model"}})
-	resp, err := http.Post(hs.URL+"/v1/rollouts", "application/json", bytes.NewReader(body))
+	resp, err := http.Post(hsURL+"/v1/rollouts", "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +96,7 @@ func TestAGroupItemWhoseMemberMustWaitClaimsNone(t *testing.T) {
 			t.Fatalf("rollout %s did not end: %+v", created.ID, st)
 		}
 		time.Sleep(50 * time.Millisecond)
-		r, err := http.Get(hs.URL + "/v1/rollouts/" + created.ID)
+		r, err := http.Get(hsURL + "/v1/rollouts/" + created.ID)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,20 +3,15 @@ package loadgen_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rollbox/rollbox/internal/loadgen"
 	"github.com/rollbox/rollbox/internal/natstest"
 	"github.com/rollbox/rollbox/runtime"
-	"github.com/rollbox/rollbox/sandbox"
 )
 
 // The fake fleet must keep speaking the protocol the coordinator speaks:
@@ -30,28 +25,10 @@ func TestFakeWorkersHaveEveryEpisodeOfARolloutStoredOnce(t *testing.T) {
 	ns := natstest.Start(t)
 
 	heartbeat := 200 * time.Millisecond
-	srv, err := runtime.Open(runtime.Options{DataDir: t.TempDir(), Registry: prometheus.NewRegistry(),
-		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Cluster: &runtime.ClusterOptions{URL: ns.ClientURL(), Heartbeat: heartbeat},
-		Backends: runtime.BackendFunc(func(_ context.Context, name string) (sandbox.Backend, error) {
-			return nil, fmt.Errorf("a coordinator opens no backend (%s): %w", name, sandbox.ErrEngineUnavailable)
-		})})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, hsURL := natstest.Coordinator(t, t.TempDir(), &runtime.ClusterOptions{URL: ns.ClientURL(), Heartbeat: heartbeat},
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if _, err := srv.Recovered(ctx); err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(func() {
-		hs.CloseClientConnections()
-		hs.Close()
-		sctx, scancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer scancel()
-		srv.Shutdown(sctx)
-	})
 
 	const workers, slots, episodes, turns = 3, 4, 40, 3
 	fleet, err := loadgen.StartFakeWorkers(ctx, loadgen.FakeWorkersConfig{URL: ns.ClientURL(), Workers: workers, Slots: slots,
@@ -64,10 +41,10 @@ func TestFakeWorkersHaveEveryEpisodeOfARolloutStoredOnce(t *testing.T) {
 		if ctx.Err() != nil {
 			t.Fatalf("the coordinator lists %d workers, not %d", listed, workers)
 		}
-		listed = countWorkers(t, hs.URL)
+		listed = countWorkers(t, hsURL)
 	}
 
-	res, err := loadgen.Rollout(ctx, hs.URL, loadgen.RolloutConfig{Backend: "wasm", Episodes: episodes, Group: 10, Turns: turns,
+	res, err := loadgen.Rollout(ctx, hsURL, loadgen.RolloutConfig{Backend: "wasm", Episodes: episodes, Group: 10, Turns: turns,
 		PolicyURL: "http://127.0.0.1:9/v1"})
 	if err != nil {
 		t.Fatalf("%v (fleet: %d stored, %d errors, last %v)", err, fleet.Completed.Load(), fleet.Errors.Load(), fleet.Err())

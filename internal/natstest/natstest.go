@@ -1,14 +1,22 @@
-// Package natstest starts a real NATS JetStream server inside a test's
-// process, for tests of the coordinator and its workers that need no
-// server restart (internal/cluster starts its own, restartable, on a
-// fixed port).
+// Package natstest starts a real NATS JetStream server, and a rollout
+// service coordinating over it, inside a test's process, for tests of the
+// coordinator and its workers that need no server restart
+// (internal/cluster starts its own, restartable, on a fixed port, and
+// coordinators as processes).
 package natstest
 
 import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rollbox/rollbox/runtime"
+	"github.com/rollbox/rollbox/sandbox"
 )
 
 // Start runs an embedded JetStream server on a free local port, its store
@@ -27,4 +35,35 @@ func Start(t testing.TB) *server.Server {
 	}
 	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
 	return ns
+}
+
+// Coordinator opens a rollout service on data in this process as the
+// coordinator of the cluster co names (it runs no episode: its backends refuse to
+// open), waits for its recovery and serves its API on a local HTTP server
+// whose URL it returns. Both are closed when t ends, before a server of
+// Start registered earlier stops.
+func Coordinator(t testing.TB, data string, co *runtime.ClusterOptions, log *slog.Logger) (*runtime.Server, string) {
+	t.Helper()
+	srv, err := runtime.Open(runtime.Options{DataDir: data, Registry: prometheus.NewRegistry(), Logger: log, Cluster: co,
+		Backends: runtime.BackendFunc(func(_ context.Context, name string) (sandbox.Backend, error) {
+			return nil, fmt.Errorf("a coordinator opens no backend (%s): %w", name, sandbox.ErrEngineUnavailable)
+		})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := srv.Recovered(ctx); err != nil {
+		srv.Shutdown(ctx)
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(func() {
+		hs.CloseClientConnections()
+		hs.Close()
+		sctx, scancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer scancel()
+		srv.Shutdown(sctx)
+	})
+	return srv, hs.URL
 }
