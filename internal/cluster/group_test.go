@@ -549,18 +549,7 @@ func TestAGroupNoWorkerCanHoldWaitsWithoutHoldingSlots(t *testing.T) {
 			group, st.EpisodesDone, st.EpisodesRunning, st.EpisodesQueued, group, group)
 	}
 	startWorker(t, ns.url, "big", "wasm", group)
-	got := coord.episodes(id, 2*time.Minute)
-	if len(got) != 2*group {
-		t.Fatalf("%d episodes, want %d", len(got), 2*group)
-	}
-	for _, tr := range got {
-		if tr.Termination == nil || tr.Termination.Reason != trajectory.EndFinished {
-			t.Errorf("episode %s ended %+v, want finished", tr.EpisodeID, tr.Termination)
-		}
-		if tr.TaskID == "t0" && (tr.ForkedFrom == nil || tr.ForkedFrom.EpisodeID != tr.GroupID+".prefix") {
-			t.Errorf("episode %s: forked_from %+v, want its group's prefix", tr.EpisodeID, tr.ForkedFrom)
-		}
-	}
+	allFinishedForked(t, coord.episodes(id, 2*time.Minute), 2*group, "t0", ".prefix")
 }
 
 // TestAGroupWhoseOnlyBigWorkerLeftHoldsNoSlots: the only worker with a
@@ -599,16 +588,23 @@ func TestAGroupWhoseOnlyBigWorkerLeftHoldsNoSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 	startWorker(t, ns.url, "big2", "wasm", group)
-	got := coord.episodes(id, time.Minute)
-	if len(got) != 2*group {
-		t.Fatalf("%d episodes, want %d", len(got), 2*group)
+	allFinishedForked(t, coord.episodes(id, time.Minute), 2*group, "gate", ".prefix.2") // the prefix's second run
+}
+
+// allFinishedForked: got is n episodes, every one finished, and each of
+// task's forked from its group's prefix episode (its id the group's and
+// prefix: ".prefix", or ".prefix.2" for the prefix's second run).
+func allFinishedForked(t *testing.T, got []*trajectory.Trajectory, n int, task, prefix string) {
+	t.Helper()
+	if len(got) != n {
+		t.Fatalf("%d episodes, want %d", len(got), n)
 	}
 	for _, tr := range got {
 		if tr.Termination == nil || tr.Termination.Reason != trajectory.EndFinished {
 			t.Errorf("episode %s ended %+v, want finished", tr.EpisodeID, tr.Termination)
 		}
-		if tr.TaskID == "gate" && (tr.ForkedFrom == nil || tr.ForkedFrom.EpisodeID != tr.GroupID+".prefix.2") {
-			t.Errorf("episode %s: forked_from %+v, want its group's second prefix run", tr.EpisodeID, tr.ForkedFrom)
+		if tr.TaskID == task && (tr.ForkedFrom == nil || tr.ForkedFrom.EpisodeID != tr.GroupID+prefix) {
+			t.Errorf("episode %s: forked_from %+v, want its group's prefix %s", tr.EpisodeID, tr.ForkedFrom, tr.GroupID+prefix)
 		}
 	}
 }
