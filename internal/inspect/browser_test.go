@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -32,11 +33,63 @@ func chromium(t *testing.T) string {
 	return ""
 }
 
+// browser is the package's one headless Chromium, started by the first test
+// that asks for a tab and closed by TestMain: starting one costs about 1.2 s
+// of CPU, which four tests paid each.
+var browser struct {
+	once sync.Once
+	ctx  context.Context // its first tab's: the tests' tabs are its children
+	err  error
+	stop func()
+}
+
+// tab opens a tab of the shared Chromium in a browser context of its own
+// (cookies and storage apart, as in a browser of its own) with a w×h
+// viewport; its actions are bounded by limit, and it closes with t.
+func tab(t *testing.T, w, h int64, limit time.Duration) context.Context {
+	t.Helper()
+	exe := chromium(t)
+	browser.once.Do(func() {
+		dir, err := os.MkdirTemp("", "rollbox-inspect-chromium-")
+		if err != nil {
+			browser.err = err
+			return
+		}
+		actx, acancel := chromedp.NewExecAllocator(context.Background(),
+			chromedp.ExecPath(exe), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+			chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+			chromedp.Flag("disable-sync", true), chromedp.Flag("disable-dev-shm-usage", true),
+			chromedp.UserDataDir(dir))
+		bctx, bcancel := chromedp.NewContext(actx)
+		browser.ctx = bctx
+		browser.stop = func() { bcancel(); acancel(); os.RemoveAll(dir) }
+		browser.err = chromedp.Do(bctx) // starts it (no timeout here: it would stop the browser)
+	})
+	if browser.err != nil {
+		t.Fatalf("starting chromium: %v", browser.err)
+	}
+	tctx, tcancel := chromedp.NewContext(browser.ctx, chromedp.WithNewBrowserContext())
+	t.Cleanup(tcancel)
+	if err := chromedp.Do(tctx, chromedp.EmulateViewport(w, h)); err != nil {
+		t.Fatalf("opening a tab: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(tctx, limit)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// stopBrowser closes the shared Chromium, if a test started it.
+func stopBrowser() {
+	if browser.stop != nil {
+		browser.stop()
+	}
+}
+
 // The viewer as a person sees it: a headless Chromium loads the list,
 // filters it, opens an episode and reads its timeline and reward. With
 // ROLLBOX_VIEWER_SCREENSHOT=FILE it saves a PNG of the page (docs/viewer.png).
 func TestTheViewerInHeadlessChromium(t *testing.T) {
-	exe := chromium(t)
+	chromium(t)
 	dir := testRun(t)
 	trs := readRun(t, dir)
 	srv, err := inspect.NewServer(dir)
@@ -46,16 +99,7 @@ func TestTheViewerInHeadlessChromium(t *testing.T) {
 	ts := httptest.NewServer(srv.Handler())
 	defer ts.Close()
 
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	actx, acancel := chromedp.NewExecAllocator(ctx,
-		chromedp.ExecPath(exe), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
-		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true), chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1440, 960))
-	defer acancel()
-	bctx, bcancel := chromedp.NewContext(actx)
-	defer bcancel()
+	bctx := tab(t, 1440, 960, 90*time.Second)
 	var consoleErrs []string
 	eval := func(js string) string {
 		t.Helper()

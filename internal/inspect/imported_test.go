@@ -2,7 +2,6 @@ package inspect_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"net/http/httptest"
 	"path/filepath"
@@ -84,14 +83,7 @@ func TestAnImportedEpisodeShowsItsSourceSignalsAndRedactions(t *testing.T) {
 	}
 
 	// And the page shows the outcome and import cards.
-	exe := chromium(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	actx, acancel := chromedp.NewExecAllocator(ctx, chromedp.ExecPath(exe), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
-		chromedp.NoFirstRun, chromedp.Flag("disable-dev-shm-usage", true), chromedp.UserDataDir(t.TempDir()))
-	defer acancel()
-	bctx, bcancel := chromedp.NewContext(actx)
-	defer bcancel()
+	bctx := tab(t, 800, 600, 60*time.Second) // headless Chromium's default window
 	if err := chromedp.Do(bctx,
 		chromedp.Navigate(ts.URL+"/#/e/imp-1"),
 		chromedp.WaitVisible(chromedp.CSS("#outcome-card")),

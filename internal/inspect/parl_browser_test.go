@@ -24,7 +24,7 @@ import (
 // ends, the critical path starred and the critical steps summed; a
 // sub-agent opens its own record, which links back to its parent.
 func TestTheViewerShowsAnOrchestratorsTreeAndCriticalPath(t *testing.T) {
-	exe := chromium(t)
+	chromium(t)
 	tasks, err := agent.LoadTasks("../../examples/parl/tasks.jsonl", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -58,13 +58,8 @@ func TestTheViewerShowsAnOrchestratorsTreeAndCriticalPath(t *testing.T) {
 	}
 	ts := httptest.NewServer(srv.Handler())
 	defer ts.Close()
-	actx, acancel := chromedp.NewExecAllocator(ctx,
-		chromedp.ExecPath(exe), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
-		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1440, 960))
-	defer acancel()
-	bctx, bcancel := chromedp.NewContext(actx)
-	defer bcancel()
+	end, _ := ctx.Deadline()
+	bctx := tab(t, 1440, 960, time.Until(end))
 	eval := func(js string) string {
 		t.Helper()
 		v, err := chromedp.Run(bctx, chromedp.Evaluate[string](js))

@@ -244,6 +244,7 @@ func readRun(t *testing.T, dir string) map[string]*trajectory.Trajectory {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	stopBrowser()
 	if runDir != "" {
 		os.RemoveAll(runDir)
 	}

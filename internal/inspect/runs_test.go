@@ -1,7 +1,6 @@
 package inspect_test
 
 import (
-	"context"
 	"fmt"
 	"net/http/httptest"
 	"os"
@@ -88,17 +87,11 @@ func TestRunsAreListedApartAndASummaryCountsOnlyForItsOwnRun(t *testing.T) {
 	}
 
 	t.Run("in the browser, a run is picked and shown alone", func(t *testing.T) {
-		exe := chromium(t)
+		chromium(t)
 		srv, _ := inspect.NewServer(mixed)
 		ts := httptest.NewServer(srv.Handler())
 		defer ts.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		actx, acancel := chromedp.NewExecAllocator(ctx, chromedp.ExecPath(exe), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
-			chromedp.NoFirstRun, chromedp.UserDataDir(t.TempDir()), chromedp.Flag("disable-dev-shm-usage", true))
-		defer acancel()
-		bctx, bcancel := chromedp.NewContext(actx)
-		defer bcancel()
+		bctx := tab(t, 800, 600, 60*time.Second) // headless Chromium's default window
 		eval := func(js string) string {
 			t.Helper()
 			v, err := chromedp.Run(bctx, chromedp.Evaluate[string](js))
