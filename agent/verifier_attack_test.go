@@ -266,15 +266,17 @@ var attacks = []attack{
 // sandbox's runtime (runc or gVisor, on Docker or containerd), and why:
 // they work through the file system, processes or the disk the runtime
 // implements (gVisor has its own kernel, file systems and overlay). They
-// run on every runtime. The other attacks defeat (or fail to defeat) the
+// run on every runtime, and on forks (a fork's files sit on a layer shared
+// with its parent). The other attacks defeat (or fail to defeat) the
 // verifier's own logic: which files it takes from the agent, how it runs
 // the runner and reads its report, what python or pytest do with what the
 // agent wrote. The runtime plays no part in them: they run once per engine
-// family that gives the verifier its sandboxes (Docker with runc, containerd
-// with runc, containerd forks, WASM and WASM forks), and on gVisor only
-// with ROLLBOX_ATTACK_ALL=1. The controls run everywhere. (gVisor is one
-// runtime: its runtime-dependent attacks run on Docker; gVisor on
-// containerd runs the controls and gVisor's own attacks.)
+// that gives the verifier its sandboxes and shape (Docker with runc on the
+// legacy pytest shape, containerd with runc on the named one, WASM on all
+// four), not on forks, and on gVisor only with ROLLBOX_ATTACK_ALL=1. The
+// controls run everywhere. (gVisor is one runtime: its runtime-dependent
+// attacks run on Docker; gVisor on containerd runs the controls and
+// gVisor's own attacks.)
 var runtimeDependent = map[string]string{
 	"a conftest.py through a symlinked directory":            "a symlink to a directory outside the workspace: the file system's",
 	"~/.local as a symlink to /tmp holding usercustomize.py": "a symlink out of the workspace: the file system's",
@@ -288,6 +290,7 @@ var runtimeDependent = map[string]string{
 	"tests/ replaced by a symlink":                           "a symlinked directory of tests: the file system's",
 	"chmod 555 /work":                                        "a workspace its user may not write: the file system's permission check",
 	"a directory tree thousands of levels deep":              "path depth the file system allows and lists",
+	"a directory tree thousands of levels deep (shell)":      "path depth the file system allows and lists",
 	"the disk filled so the restore fails":                   "the sandbox's disk limit: the runtime's file system and overlay",
 }
 

@@ -141,9 +141,13 @@ func forkFactory(t *testing.T, create func(ctx context.Context, spec sandbox.Spe
 }
 
 // On containerd every attack (the attacks on the verifier's logic for the
-// containerd engine: gVisor on containerd runs only the runtime-dependent
-// ones), on the legacy shape, and the named one where the legacy one is
-// weak and for the controls (as on runc).
+// containerd engine: gVisor on containerd and containerd forks run only
+// the runtime-dependent ones): the runtime-dependent attacks on the legacy
+// shape (the named one runs on containerd forks, on the same runtime), the
+// attacks on the verifier's logic on the named shape (the legacy one is
+// runc's on Docker: the same verifier, the same runtime), both where the
+// legacy one is weak and for the controls. ROLLBOX_ATTACK_ALL=1 runs every
+// attack on both.
 func TestTheVerifierResistsRewardHacksOnContainerd(t *testing.T) {
 	t.Parallel() // containerd's sandboxes, beside the Docker and WASM tests
 	be := needContainerdBackend(t)
@@ -152,9 +156,14 @@ func TestTheVerifierResistsRewardHacksOnContainerd(t *testing.T) {
 	}
 	list := recommended(attacks)
 	for i, a := range list {
-		if len(a.weak) == 0 && a.want == 0 && a.turns != nil {
-			list[i].shapes = slices.DeleteFunc(slices.Clone(a.shapes), func(s string) bool { return s == "pytest-named" })
+		if len(a.weak) > 0 || a.want != 0 || a.turns == nil || os.Getenv("ROLLBOX_ATTACK_ALL") == "1" {
+			continue
 		}
+		drop := "pytest"
+		if _, dep := runtimeDependent[a.name]; dep {
+			drop = "pytest-named"
+		}
+		list[i].shapes = slices.DeleteFunc(slices.Clone(a.shapes), func(s string) bool { return s == drop })
 	}
 	runAttacks(t, list, map[string]func() (*agent.Task, agent.SandboxFactory){
 		"pytest": func() (*agent.Task, agent.SandboxFactory) { return onContainerd(attackTask(t, "pytest", "runc")), f },
@@ -194,23 +203,34 @@ func TestTheVerifierResistsRewardHacksOnGVisorOnContainerd(t *testing.T) {
 
 // On containerd forks (copy-on-write layers shared with the parent and
 // every sibling: the attacks run side by side, children of one parent) the
-// named shape, as on gVisor.
+// named shape, as on gVisor. A fork changes what the runtime-dependent
+// attacks work through and nothing else: the workdir and /tmp (an overlay
+// on the parent's frozen layer, with an upper of its own and the spec's
+// size), and the sandbox (a spare whose directories are swapped in,
+// processes not forked). Those and the controls run here, the verifier's
+// own logic on containerd (TestTheVerifierResistsRewardHacksOnContainerd:
+// the same engine, the same verifier); all with ROLLBOX_ATTACK_ALL=1.
 func TestTheVerifierResistsRewardHacksOnContainerdForks(t *testing.T) {
 	t.Parallel()
 	be := needContainerdBackend(t)
 	f := forkFactory(t, be.Create)
-	runAttacks(t, recommended(attacks), map[string]func() (*agent.Task, agent.SandboxFactory){
+	runAttacks(t, recommended(runtimeSet(attacks)), map[string]func() (*agent.Task, agent.SandboxFactory){
 		"pytest-named": func() (*agent.Task, agent.SandboxFactory) {
 			return onContainerd(attackTask(t, "pytest-named", "runc")), f
 		},
 	})
 }
 
+// On WASM forks (copy-on-write clones of the parent's files) the controls
+// and the runtime-dependent attacks, the ones that work through the files
+// a fork shares; the verifier's logic runs on WASM
+// (TestTheVerifierResistsRewardHacksOnWASM, every attack on every shape);
+// all with ROLLBOX_ATTACK_ALL=1.
 func TestTheVerifierResistsRewardHacksOnWASMForks(t *testing.T) {
 	t.Parallel()
 	be := wasmtest.Backend(t)
 	f := forkFactory(t, be.Create)
-	runAttacks(t, recommended(attacks), map[string]func() (*agent.Task, agent.SandboxFactory){
+	runAttacks(t, recommended(runtimeSet(attacks)), map[string]func() (*agent.Task, agent.SandboxFactory){
 		"wasm-py":     func() (*agent.Task, agent.SandboxFactory) { return attackTask(t, "wasm-py", ""), f },
 		"wasm-js":     func() (*agent.Task, agent.SandboxFactory) { return attackTask(t, "wasm-js", ""), f },
 		"wasm-py-tap": func() (*agent.Task, agent.SandboxFactory) { return attackTask(t, "wasm-py-tap", ""), f },
