@@ -608,3 +608,60 @@ func allFinishedForked(t *testing.T, got []*trajectory.Trajectory, n int, task, 
 		}
 	}
 }
+
+// TestAGroupWhoseOnlyBigWorkerWasStoppedHoldsNoSlots is the SIGTERM variant
+// of TestAGroupWhoseOnlyBigWorkerLeftHoldsNoSlots: a group item is
+// published while the only worker with a slot for each of its episodes is
+// full (another rollout's episodes, held at their second policy call), and
+// that worker is stopped (SIGTERM: it takes no more work, finishes those and
+// leaves) while two smaller workers stay, which leave the item. Once the
+// big worker has left, the group holds no slot (running 0, its episodes
+// queued) and it runs when a worker with slots enough joins.
+func TestAGroupWhoseOnlyBigWorkerWasStoppedHoldsNoSlots(t *testing.T) {
+	t.Parallel() // its own NATS server, data directory and worker processes: it mostly waits on them
+	const group = 3
+	ns := startNATS(t, "", 0)
+	coord := startService(t, "", ns.url)
+	big := startWorker(t, ns.url, "big", "wasm", group)
+	coord.waitWorkers(1)
+	polA, blocked, release := gatePolicy()
+	defer polA.Close()
+	defer release()
+	a := coord.submit(rolloutRequest(polA.URL(), exactTasks(1), group, nil))
+	for range group {
+		select {
+		case <-blocked: // big is full
+		case <-time.After(time.Minute):
+			t.Fatal("rollout A's episodes did not all reach their second policy call on the big worker in a minute")
+		}
+	}
+	startWorker(t, ns.url, "small1", "wasm", group-1)
+	startWorker(t, ns.url, "small2", "wasm", group-1)
+	coord.waitWorkers(3)
+	polB := prefixScript(0, nil)
+	defer polB.Close()
+	b := coord.submit(rolloutRequest(polB.URL(), prefixTasks(2), group, nil)) // t0: a group item; t1: 3 single episodes
+	coord.waitDoneWithin(b, group, time.Minute, " (rollout B's t1, on the small workers)")
+
+	big.term()
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(big.logText(), "SIGTERM: stopping"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the big worker did not say it stops in 30 s:\n%s", big.logText())
+		}
+	}
+	release() // A's episodes finish on the big worker, which then leaves
+	coord.waitDoneWithin(a, group, time.Minute, " (rollout A's, on the stopped worker)")
+	var st runtime.RolloutStatus
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		coord.do("GET", "/v1/rollouts/"+b, nil, &st)
+		if st.EpisodesDone == group && st.EpisodesRunning == 0 && st.EpisodesQueued == group {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("30 s after the big worker was stopped: rollout B done %d running %d queued %d, want t1's %d done, none running, the group's %d queued (holding no slot); workers %+v",
+				st.EpisodesDone, st.EpisodesRunning, st.EpisodesQueued, group, group, coord.workers())
+		}
+	}
+	startWorker(t, ns.url, "big2", "wasm", group)
+	allFinishedForked(t, coord.episodes(b, time.Minute), 2*group, "t0", ".prefix")
+}
