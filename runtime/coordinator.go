@@ -555,34 +555,77 @@ func (c *coordinator) onClaim(m *nats.Msg) {
 	for {
 		c.mu.Lock()
 		d := c.eps[cl.EpisodeID]
-		switch {
-		case d == nil || d.ended:
+		switch classifyClaim(d, cl) {
+		case claimUnknown:
 			c.mu.Unlock()
 			c.reply(m, c.unknownClaim(cl.EpisodeID))
 			return
-		case d.deciding:
+		case claimBusy:
 			c.mu.Unlock()
 			time.Sleep(20 * time.Millisecond)
 			continue
-		case d.claim.Worker == "":
-			d.claim = claimRecord{Attempt: d.claim.Attempt + 1, Worker: cl.Worker, AckSubject: cl.AckSubject, Delivery: cl.Delivery}
-			d.claimedAt = time.Now()
+		case claimFree:
+			d.take(cl)
 			rec := d.claim
 			c.mu.Unlock()
 			c.saveClaim(cl.EpisodeID, rec)
 			c.reply(m, cluster.ClaimReply{Decision: cluster.DecisionRun, Attempt: rec.Attempt, Versions: d.j.r.versionList()})
 			return
-		case d.claim.Worker == cl.Worker && d.claim.Delivery == cl.Delivery:
-			attempt := d.claim.Attempt // the same claim again (its answer was lost)
+		case claimSame:
+			attempt := d.claim.Attempt
 			c.mu.Unlock()
 			c.reply(m, cluster.ClaimReply{Decision: cluster.DecisionRun, Attempt: attempt, Versions: d.j.r.versionList()})
 			return
 		}
-		// Redelivered while an attempt is on record: that attempt was lost.
+		// claimLost
 		d.deciding = true
 		c.mu.Unlock()
 		c.lost(d, fmt.Sprintf("its work item was redelivered (delivery %d) to worker %s", cl.Delivery, cl.Worker), false)
 	}
+}
+
+// claimCase is what a claim finds of an episode (classifyClaim); a single
+// item's claim (onClaim) and each member of a group item's (claimGroup)
+// are decided by it alike.
+type claimCase int
+
+const (
+	// claimUnknown: not in flight here, ended or not known (yet):
+	// unknownClaim answers.
+	claimUnknown claimCase = iota
+	// claimBusy: an attempt's end (or loss) is being decided: asked again
+	// shortly.
+	claimBusy
+	// claimFree: no attempt holds it: the claim takes it (dispatched.take).
+	claimFree
+	// claimSame: this very claim again (its answer was lost): the same
+	// attempt runs.
+	claimSame
+	// claimLost: redelivered while another attempt is on record: that
+	// attempt was lost (coordinator.lost decides it).
+	claimLost
+)
+
+// classifyClaim says what claim cl finds of d (the episode's dispatched
+// state, nil when it is not in flight here); c.mu held.
+func classifyClaim(d *dispatched, cl cluster.Claim) claimCase {
+	switch {
+	case d == nil || d.ended:
+		return claimUnknown
+	case d.deciding:
+		return claimBusy
+	case d.claim.Worker == "":
+		return claimFree
+	case d.claim.Worker == cl.Worker && d.claim.Delivery == cl.Delivery:
+		return claimSame
+	}
+	return claimLost
+}
+
+// take makes claim cl the episode's next attempt (claimFree); c.mu held.
+func (d *dispatched) take(cl cluster.Claim) {
+	d.claim = claimRecord{Attempt: d.claim.Attempt + 1, Worker: cl.Worker, AckSubject: cl.AckSubject, Delivery: cl.Delivery}
+	d.claimedAt = time.Now()
 }
 
 // claimGroup answers a group item's claim: each member decided as a
@@ -598,15 +641,12 @@ func (c *coordinator) claimGroup(cl cluster.Claim) cluster.ClaimReply {
 		c.mu.Lock()
 		for _, id := range cl.Members {
 			d := c.eps[id]
-			switch {
-			case d == nil || d.ended:
+			switch classifyClaim(d, cl) {
+			case claimUnknown:
 				unknown = append(unknown, id)
-			case d.deciding:
+			case claimBusy:
 				busy = true
-			case d.claim.Worker == "" || d.claim.Worker == cl.Worker && d.claim.Delivery == cl.Delivery:
-			default:
-				// Redelivered while an attempt is on record: that attempt
-				// was lost.
+			case claimLost:
 				d.deciding = true
 				lostDs = append(lostDs, d)
 			}
@@ -649,10 +689,9 @@ func (c *coordinator) claimGroup(cl cluster.Claim) cluster.ClaimReply {
 		changed := false
 		c.mu.Lock()
 		for _, id := range cl.Members {
-			d := c.eps[id]
 			_, wasUnknown := answers[id]
-			if wasUnknown != (d == nil || d.ended) || d != nil && !d.ended && (d.deciding ||
-				d.claim.Worker != "" && (d.claim.Worker != cl.Worker || d.claim.Delivery != cl.Delivery)) {
+			k := classifyClaim(c.eps[id], cl)
+			if wasUnknown != (k == claimUnknown) || k == claimBusy || k == claimLost {
 				changed = true
 				break
 			}
@@ -664,11 +703,10 @@ func (c *coordinator) claimGroup(cl cluster.Claim) cluster.ClaimReply {
 					continue
 				}
 				d := c.eps[id]
-				if d.claim.Worker == "" {
-					d.claim = claimRecord{Attempt: d.claim.Attempt + 1, Worker: cl.Worker, AckSubject: cl.AckSubject, Delivery: cl.Delivery}
-					d.claimedAt = time.Now()
+				if classifyClaim(d, cl) == claimFree {
+					d.take(cl)
 					saves = append(saves, id)
-				} // else the same claim again (its answer was lost)
+				} // else claimSame
 				out.Members[i] = cluster.ClaimReply{Decision: cluster.DecisionRun, Attempt: d.claim.Attempt}
 				r = d.j.r
 			}
