@@ -933,7 +933,9 @@ func (c *coordinator) finishDoc(d *dispatched, t *trajectory.Trajectory, doc []b
 	var err error
 	write := func() error { return trajectory.WriteFile(s.st.trajectoryPath(e.rec.ID), t) }
 	if doc != nil {
-		write = func() error { return trajectory.WriteDocument(s.st.trajectoryPath(e.rec.ID), doc) }
+		// A group commit: one file-system sync for the records of every
+		// episode ending meanwhile, not an fsync each.
+		write = func() error { return trajectory.CommitDocument(s.st.trajectoryPath(e.rec.ID), doc) }
 	}
 	if werr := write(); werr != nil {
 		err = &agent.RecordError{EpisodeID: e.rec.ID, Err: werr}
