@@ -290,9 +290,11 @@ func TestTheGuestAnswersConcurrentRequestsWhileACommandFillsThePidsLimit(t *test
 			filler := make(chan result, 1)
 			go func() {
 				// The inner shell starts sleeps until a fork fails; the outer
-				// one then spins without forking, holding the table full.
+				// one then waits without forking, holding the table full:
+				// read (a builtin) opens a FIFO no one writes, which blocks
+				// until the timeout (a spinning loop held a core for it).
 				res, err := sb.Exec(ctx, sandbox.ExecRequest{
-					Shell:   `sh -c 'while :; do sleep 100 & done' 2>/dev/null; echo filled; while :; do :; done`,
+					Shell:   `mkfifo /tmp/hold && sh -c 'while :; do sleep 100 & done' 2>/dev/null; echo filled; read x < /tmp/hold`,
 					Timeout: 6 * time.Second,
 				})
 				filler <- result{res, err}
