@@ -26,7 +26,6 @@ import (
 
 	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/internal/cluster"
-	"github.com/rollbox/rollbox/internal/promptnet"
 	"github.com/rollbox/rollbox/runtime"
 	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/sandbox/auditlog"
@@ -349,8 +348,9 @@ stderr.`,
 			return fmt.Errorf("listen on %s: %w", *addr, err)
 		}
 		// While episodes run, new connections (a liveness probe's) are
-		// accepted from a timer's goroutine, ahead of the episodes' own.
-		ln, err := promptnet.Listen(tcp.(*net.TCPListener), promptAccept, srv.Busy)
+		// accepted from a timer's goroutine, ahead of the episodes' own, and a
+		// GET /healthz is answered there.
+		ln, err := srv.PromptListener(tcp.(*net.TCPListener), promptAccept)
 		if err != nil {
 			tcp.Close()
 			srv.Close()

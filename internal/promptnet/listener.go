@@ -17,9 +17,18 @@
 // at the next tick) rather than handed over, since its first read would
 // wait in the poller again. While the service is idle the timer is slow and
 // the ordinary Accept takes every connection.
+//
+// A probe's request (a liveness probe's GET /healthz) may be answered by
+// that goroutine itself (Answer): it reads the request, writes the answer
+// and closes the connection with raw system calls, none of which waits or
+// gives its processor up, so the answer does not wait for the HTTP
+// server's goroutines to be scheduled (each a chance to fall into the
+// global run queue behind the whole service) and takes a few tens of
+// microseconds of the tick. Whatever Answer does not take is handed over.
 package promptnet
 
 import (
+	"bytes"
 	"errors"
 	"net"
 	"os"
@@ -33,15 +42,22 @@ import (
 // Listener is a TCP listener whose connections are accepted promptly while
 // busy says so.
 type Listener struct {
-	ln    *net.TCPListener
-	raw   syscall.RawConn
-	every time.Duration
-	busy  func() bool
+	ln     *net.TCPListener
+	raw    syscall.RawConn
+	every  time.Duration
+	busy   func() bool
+	answer Answer
 
 	conns chan accepted
 	done  chan struct{}
 	once  sync.Once
 	wg    sync.WaitGroup
+
+	// adopted are connections the ordinary accept took while busy, for
+	// the timer's loop to answer or hand over; wake tells it.
+	mu      sync.Mutex
+	adopted []held
+	wake    chan struct{}
 }
 
 type accepted struct {
@@ -56,22 +72,46 @@ const (
 	// holdAtMost is how long a connection accepted without its request is
 	// held before it is handed over anyway.
 	holdAtMost = time.Second
+	// maxProbe is the most of a request Answer is shown: a longer one is
+	// handed over.
+	maxProbe = 4 << 10
 )
 
+// Probe is a request the Listener's goroutine read whole, for Answer.
+type Probe struct {
+	// Request is the request's head as it arrived (through the blank line
+	// that ends its header; a body, if any, is not read).
+	Request []byte
+	// Accepted is when the connection was accepted; DataAge how long ago
+	// its bytes reached the socket (TCP_INFO, whole milliseconds; 0 when
+	// unknown).
+	Accepted time.Time
+	DataAge  time.Duration
+}
+
+// Answer answers a probe from the Listener's own goroutine: the bytes to
+// write back before the connection is closed, or ok false to hand the
+// connection over to Accept (its request unread). It is called with the
+// service busy and holding up new connections while it runs: it must be
+// quick, do no I/O and take no lock held for long.
+type Answer func(Probe) (answer []byte, ok bool)
+
 // Listen wraps ln: while busy() (called every every, so it must be cheap and
-// lock-free) new connections are also looked for every every.
-func Listen(ln *net.TCPListener, every time.Duration, busy func() bool) (*Listener, error) {
-	return listen(ln, every, busy, true)
+// lock-free) new connections are also looked for every every, and those
+// whose request answer takes (nil: none) are answered there.
+func Listen(ln *net.TCPListener, every time.Duration, busy func() bool, answer Answer) (*Listener, error) {
+	return listen(ln, every, busy, answer, true)
 }
 
 // listen is Listen; without ordinary, only the timer's loop accepts (for
 // the tests).
-func listen(ln *net.TCPListener, every time.Duration, busy func() bool, ordinary bool) (*Listener, error) {
+func listen(ln *net.TCPListener, every time.Duration, busy func() bool, answer Answer, ordinary bool) (*Listener, error) {
 	raw, err := ln.SyscallConn()
 	if err != nil {
 		return nil, err
 	}
-	l := &Listener{ln: ln, raw: raw, every: every, busy: busy, conns: make(chan accepted), done: make(chan struct{})}
+	l := &Listener{ln: ln, raw: raw, every: every, busy: busy, answer: answer,
+		conns: make(chan accepted), done: make(chan struct{}), wake: make(chan struct{}, 1)}
 	l.wg.Add(1)
 	go l.pollLoop()
 	if ordinary {
@@ -81,11 +121,21 @@ func listen(ln *net.TCPListener, every time.Duration, busy func() bool, ordinary
 	return l, nil
 }
 
-// acceptLoop is the ordinary Accept, through the network poller.
+// acceptLoop is the ordinary Accept, through the network poller. While
+// the service is busy and probes are answered, what it accepts goes to the
+// timer's loop (adopt), which answers a probe or hands the connection over
+// within a tick: a probe is answered the same way whichever loop took it.
 func (l *Listener) acceptLoop() {
 	defer l.wg.Done()
 	for {
 		c, err := l.ln.Accept()
+		if err == nil && l.answer != nil && l.busy() {
+			if fd := rawDup(c); fd >= 0 {
+				c.Close() // the duplicate, not in the poller, stays open
+				l.adopt(held{fd, time.Now()})
+				continue
+			}
+		}
 		select {
 		case l.conns <- accepted{c, err}:
 		case <-l.done:
@@ -98,6 +148,26 @@ func (l *Listener) acceptLoop() {
 			return
 		}
 	}
+}
+
+// adopt gives a connection the ordinary accept took to the timer's loop.
+func (l *Listener) adopt(h held) {
+	l.mu.Lock()
+	l.adopted = append(l.adopted, h)
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// takeAdopted appends the adopted connections to waiting.
+func (l *Listener) takeAdopted(waiting []held) []held {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	waiting = append(waiting, l.adopted...)
+	l.adopted = l.adopted[:0]
+	return waiting
 }
 
 // held is a connection accepted before its request arrived.
@@ -113,9 +183,13 @@ func (l *Listener) pollLoop() {
 	var waiting []held
 	defer func() {
 		for _, h := range waiting {
-			unix.Close(h.fd)
+			rawClose(h.fd)
 		}
 	}()
+	var buf []byte
+	if l.answer != nil {
+		buf = make([]byte, maxProbe)
+	}
 	tick := time.NewTimer(idleCheck)
 	defer tick.Stop()
 	for {
@@ -128,8 +202,10 @@ func (l *Listener) pollLoop() {
 		case <-l.done:
 			return
 		case <-tick.C:
+		case <-l.wake:
 		}
-		if d == idleCheck && !l.busy() {
+		waiting = l.takeAdopted(waiting)
+		if len(waiting) == 0 && d == idleCheck && !l.busy() {
 			continue
 		}
 		for {
@@ -146,6 +222,9 @@ func (l *Listener) pollLoop() {
 				kept = append(kept, h)
 				continue
 			}
+			if ready[i] && l.answered(h, buf) {
+				continue
+			}
 			c, err := fileConn(h.fd)
 			if err != nil {
 				continue
@@ -155,7 +234,7 @@ func (l *Listener) pollLoop() {
 			case <-l.done:
 				c.Close()
 				for _, h := range waiting[i+1:] {
-					unix.Close(h.fd)
+					rawClose(h.fd)
 				}
 				waiting = kept
 				return
@@ -163,6 +242,40 @@ func (l *Listener) pollLoop() {
 		}
 		waiting = kept
 	}
+}
+
+// answered offers h's request to l.answer and, if it takes it, writes the
+// answer and closes the connection.
+func (l *Listener) answered(h held, buf []byte) bool {
+	if l.answer == nil {
+		return false
+	}
+	n, err := rawRecv(h.fd, buf, true)
+	if err != nil || n <= 0 {
+		return false // closed, failed or nothing yet: the ordinary reader finds out
+	}
+	end := bytes.Index(buf[:n], []byte("\r\n\r\n"))
+	if end < 0 {
+		return false // not all there (or too long): the HTTP server reads it
+	}
+	answer, ok := l.answer(Probe{Request: buf[:end+4], Accepted: h.since, DataAge: dataAge(h.fd)})
+	if !ok {
+		return false
+	}
+	// The request is read, not left in the socket: a socket closed with
+	// unread bytes resets the connection, and the peer may lose the answer.
+	rawRecv(h.fd, buf[:n], false)
+	for len(answer) > 0 {
+		// A fresh connection's send buffer takes a short answer whole; if
+		// it does not, the peer sees the connection end early.
+		w, err := rawSend(h.fd, answer)
+		if err != nil || w <= 0 {
+			break
+		}
+		answer = answer[w:]
+	}
+	rawShutdownClose(h.fd)
+	return true
 }
 
 // readable says which of the held connections have something to read (or
@@ -176,11 +289,7 @@ func readable(hs []held) []bool {
 	for i, h := range hs {
 		fds[i] = unix.PollFd{Fd: int32(h.fd), Events: unix.POLLIN}
 	}
-	for {
-		if _, err := unix.Poll(fds, 0); err != unix.EINTR {
-			break
-		}
-	}
+	rawPoll(fds)
 	for i, f := range fds {
 		ready[i] = f.Revents != 0
 	}
@@ -191,12 +300,7 @@ func readable(hs []held) []bool {
 func (l *Listener) acceptNow() (int, error) {
 	fd, aerr := -1, error(nil)
 	err := l.raw.Control(func(lfd uintptr) {
-		for {
-			fd, _, aerr = unix.Accept4(int(lfd), unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
-			if aerr != unix.EINTR && aerr != unix.ECONNABORTED {
-				return
-			}
-		}
+		fd, aerr = rawAccept(int(lfd))
 	})
 	switch {
 	case err != nil:
@@ -234,6 +338,9 @@ func (l *Listener) Close() error {
 		close(l.done)
 		err = l.ln.Close()
 		l.wg.Wait()
+		for _, h := range l.takeAdopted(nil) {
+			rawClose(h.fd)
+		}
 	})
 	return err
 }

@@ -3,8 +3,10 @@ package promptnet
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -75,7 +77,7 @@ func TestListener(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var busy atomic.Bool
 			busy.Store(tc.busy)
-			l, err := listen(tcpListener(t), time.Millisecond, busy.Load, tc.ordinary)
+			l, err := listen(tcpListener(t), time.Millisecond, busy.Load, nil, tc.ordinary)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -94,7 +96,7 @@ func TestListener(t *testing.T) {
 }
 
 func TestListenerHandsOverASilentConnectionAfterHoldAtMost(t *testing.T) {
-	l, err := listen(tcpListener(t), time.Millisecond, func() bool { return true }, false)
+	l, err := listen(tcpListener(t), time.Millisecond, func() bool { return true }, nil, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +122,7 @@ func TestListenerHandsOverASilentConnectionAfterHoldAtMost(t *testing.T) {
 }
 
 func TestListenerClose(t *testing.T) {
-	l, err := listen(tcpListener(t), time.Millisecond, func() bool { return true }, false)
+	l, err := listen(tcpListener(t), time.Millisecond, func() bool { return true }, nil, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,4 +158,57 @@ func TestListenerClose(t *testing.T) {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// A busy listener's own goroutine answers the requests Answer takes, with
+// nobody calling Accept (the HTTP server's goroutines not scheduled),
+// whichever of its loops accepted the connection: the peer reads the whole
+// answer, then the end of the connection. A request Answer declines is
+// handed over to Accept whole, unread.
+func TestABusyListenerAnswersAProbeItselfAndHandsTheRestOver(t *testing.T) {
+	for _, ordinary := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ordinary accept %v", ordinary), func(t *testing.T) { testAnswering(t, ordinary) })
+	}
+}
+
+func testAnswering(t *testing.T, ordinary bool) {
+	var offered atomic.Int64
+	answer := func(p Probe) ([]byte, bool) {
+		offered.Add(1)
+		if !strings.HasPrefix(string(p.Request), "GET /probe ") || !strings.HasSuffix(string(p.Request), "\r\n\r\n") {
+			return nil, false
+		}
+		if time.Since(p.Accepted) > time.Minute || p.DataAge < 0 {
+			t.Errorf("probe accepted %v ago, data %v old", time.Since(p.Accepted), p.DataAge)
+		}
+		return []byte("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n"), true
+	}
+	l, err := listen(tcpListener(t), time.Millisecond, func() bool { return true }, answer, ordinary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for i := range 3 {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(c, "GET /probe HTTP/1.1\r\nHost: x\r\n\r\n")
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		got, err := io.ReadAll(c) // the answer, then EOF
+		c.Close()
+		if err != nil || !strings.HasSuffix(string(got), "\r\n\r\nok\n") {
+			t.Fatalf("probe %d: answered %q, %v; want the listener's own answer and the connection closed", i, got, err)
+		}
+	}
+	done := echoLine(l)
+	if got := ask(t, l.Addr(), 0, "GET /other HTTP/1.1\r\n\r\n"); got != "echo: GET /other HTTP/1.1\r\n" {
+		t.Errorf("a request Answer declined reached Accept as %q", got)
+	}
+	if err := <-done; err != nil {
+		t.Error(err)
+	}
+	if n := offered.Load(); n != 4 {
+		t.Errorf("Answer was offered %d requests, want 4", n)
+	}
 }
