@@ -93,8 +93,18 @@ func (s *Server) health() (Health, int) {
 
 // Busy says whether the service has work in hand: an episode queued or
 // running, or an environment episode open. Lock-free.
+//
+// A cluster coordinator's episodes run on its workers, so they do not make
+// it busy: it holds about one parked goroutine for each, its processors
+// are mostly idle and look at the network poller themselves, so its
+// listener needs no timer to accept promptly (internal/promptnet), and the
+// timer's wake-ups (an accept attempt every 2 ms for as long as a rollout
+// runs) were 5-8% of a coordinator's CPU in CoordinatorOverhead.
 func (s *Server) Busy() bool {
-	return s.sched.runningN.Load() > 0 || s.sched.queuedN.Load() > 0 || s.envOpen.Load() > 0
+	if s.envOpen.Load() > 0 {
+		return true
+	}
+	return s.coord == nil && (s.sched.runningN.Load() > 0 || s.sched.queuedN.Load() > 0)
 }
 
 // Health is what GET /healthz answers now, and its status code.
