@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/docker/docker/api/types"
@@ -97,6 +98,13 @@ func (c *Container) cut(verdict error) {
 // broken guest (guesthost.Engine): removed from outside, or asked by the
 // engine to kill, stop or pause it (its events say so; a signal from inside
 // leaves no such event), or paused, is the engine's doing.
+//
+// dockerd learns of an OOM kill from an event of its own, which it may handle
+// after the container's exit: inspected at once, a guest the OOM killer
+// ended (exit status 137) can look merely killed, and its verdict would be
+// the engine's failure instead of what the commands left filling its
+// memory. So a guest ended by SIGKILL that the engine was not asked to kill
+// is looked at again until the OOM kill shows or oomSettle has passed.
 func (c *Container) Diagnose(ctx context.Context) guesthost.Diagnosis {
 	in, err := c.b.cli.ContainerInspect(ctx, c.id)
 	switch {
@@ -106,6 +114,11 @@ func (c *Container) Diagnose(ctx context.Context) guesthost.Diagnosis {
 		return guesthost.Diagnosis{Err: translate("inspect the container", err)}
 	}
 	var d guesthost.Diagnosis
+	action := c.engineAction(ctx)
+	if in.State != nil && action == "" && in.State.ExitCode == 128+int(syscall.SIGKILL) && !in.State.OOMKilled &&
+		(in.State.Status == "exited" || in.State.Status == "dead") {
+		in.State.OOMKilled = c.oomShows(ctx)
+	}
 	if in.State != nil {
 		d.State = fmt.Sprintf("container %s, exit code %d", in.State.Status, in.State.ExitCode)
 		if in.State.OOMKilled {
@@ -115,7 +128,7 @@ func (c *Container) Diagnose(ctx context.Context) guesthost.Diagnosis {
 		d.ExitStatus = in.State.ExitCode
 		d.OOMKilled = in.State.OOMKilled
 	}
-	if action := c.engineAction(ctx); action != "" {
+	if action != "" {
 		d.Infra = "the engine was asked to " + action + " the container"
 	} else if in.State != nil && in.State.Paused {
 		d.Infra = "the container is paused"
@@ -124,6 +137,43 @@ func (c *Container) Diagnose(ctx context.Context) guesthost.Diagnosis {
 		c.paused.Store(true)
 	}
 	return d
+}
+
+// oomSettle is how long Diagnose waits for dockerd to record the OOM kill
+// of a guest that ended by SIGKILL.
+const oomSettle = 2 * time.Second
+
+// oomShows says whether the engine records an OOM kill of the container
+// (its state's flag or an "oom" event) within oomSettle.
+func (c *Container) oomShows(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, oomSettle)
+	defer cancel()
+	msgs, errs := c.b.cli.Events(ctx, events.ListOptions{
+		Since: strconv.FormatInt(c.created.Add(-time.Second).Unix(), 10),
+		Filters: filters.NewArgs(filters.Arg("type", string(events.ContainerEventType)),
+			filters.Arg("container", c.id), filters.Arg("event", string(events.ActionOOM))),
+	})
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case m, ok := <-msgs:
+			if ok && m.Action == events.ActionOOM {
+				return true
+			}
+			if !ok {
+				msgs = nil
+			}
+		case <-errs:
+			errs = nil
+		case <-tick.C:
+			if in, err := c.b.cli.ContainerInspect(ctx, c.id); err == nil && in.State != nil && in.State.OOMKilled {
+				return true
+			}
+		case <-ctx.Done():
+			return false
+		}
+	}
 }
 
 // engineAction names what the engine was asked to do to the container since
