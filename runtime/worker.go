@@ -49,6 +49,11 @@ type WorkerOptions struct {
 	DataDir string
 	// Heartbeat is its heartbeat interval (default cluster.DefaultHeartbeat).
 	Heartbeat time.Duration
+	// AckWait is how long a work item it took stays its own without news
+	// (it sends some every third of it) before JetStream redelivers it
+	// (default cluster.AckWait). It is set on the backend's consumer, which
+	// every worker of that backend shares: give them all the same.
+	AckWait time.Duration
 	// PolicyAPIKey is sent to the policy servers.
 	PolicyAPIKey string
 	// WarmPool is the most ready sandboxes it keeps per spec (default 0).
@@ -180,6 +185,9 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	if o.Heartbeat <= 0 {
 		o.Heartbeat = cluster.DefaultHeartbeat
 	}
+	if o.AckWait <= 0 {
+		o.AckWait = cluster.AckWait
+	}
 	if o.PolicyConcurrency <= 0 {
 		o.PolicyConcurrency = o.Slots
 	}
@@ -212,7 +220,7 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	if err := cluster.EnsureStreams(setup, js); err != nil {
 		return err
 	}
-	cons, err := js.CreateOrUpdateConsumer(setup, cluster.WorkStream, cluster.WorkConsumerConfig(o.Backend))
+	cons, err := js.CreateOrUpdateConsumer(setup, cluster.WorkStream, cluster.WorkConsumerConfig(o.Backend, o.AckWait))
 	if err != nil {
 		return fmt.Errorf("JetStream consumer %s: %w", cluster.WorkConsumer(o.Backend), err)
 	}
@@ -660,7 +668,7 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 func (w *worker) keep(ctx context.Context, msg jetstream.Msg) func() {
 	keep, stop := context.WithCancel(ctx)
 	go func() {
-		t := time.NewTicker(cluster.AckWait / 3)
+		t := time.NewTicker(w.o.AckWait / 3)
 		defer t.Stop()
 		for {
 			select {

@@ -50,6 +50,7 @@ lines on stderr. See docs/scale-out.md.`,
 	id := fs.String("id", "", "worker `ID` (letters, digits, - and _; default HOST-PID)")
 	data := fs.String("data", "", "`DIR` for the journals of the episodes it runs, each removed once stored by the coordinator (default a directory under the system's temp dir)")
 	heartbeat := fs.Duration("heartbeat", cluster.DefaultHeartbeat, "heartbeat interval (the coordinator's --heartbeat)")
+	ackWait := fs.Duration("ack-wait", cluster.AckWait, "how long an episode it took stays its own without news (it sends some every third of it) before it goes to another worker, as when this worker is restarted with the same --id after a SIGKILL; set on the backend's work queue, so every worker of a backend needs the same")
 	warm := fs.Int("warm", 0, "most warm sandboxes kept per spec")
 	forkSpares := addForkSparesFlag(fs)
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://`HOST:PORT`/metrics: slots, running, episodes by termination, infra failures, rollout clients, NATS reconnects, and the sandboxes', tools' and policy calls' series (default: none)")
@@ -73,6 +74,9 @@ lines on stderr. See docs/scale-out.md.`,
 		}
 		if *policyConc < 0 || *warm < 0 || *heartbeat <= 0 {
 			return usagef("--policy-concurrency and --warm may not be negative, --heartbeat must be positive")
+		}
+		if *ackWait < time.Second {
+			return usagef("--ack-wait %s: must be at least 1s", *ackWait)
 		}
 		if err := checkForkSpares(*forkSpares); err != nil {
 			return err
@@ -129,7 +133,7 @@ lines on stderr. See docs/scale-out.md.`,
 		indexes := &searchIndexes{open: map[string]*retriever.Index{}}
 		defer indexes.Close()
 		err := runtime.RunWorker(ctx, runtime.WorkerOptions{URL: *url, ID: *id, Host: host, Backend: *backendName, Slots: *slots,
-			PolicyConcurrency: *policyConc, DataDir: dir, Heartbeat: *heartbeat, PolicyAPIKey: cfg.openAIKey, WarmPool: *warm, Logger: log, Registry: reg,
+			PolicyConcurrency: *policyConc, DataDir: dir, Heartbeat: *heartbeat, AckWait: *ackWait, PolicyAPIKey: cfg.openAIKey, WarmPool: *warm, Logger: log, Registry: reg,
 			Backends:         runtime.BackendFunc(backends.get),
 			ConfigureEpisode: indexes.configureWorker,
 			// Only once no live worker has its --id: the gc would remove

@@ -1006,7 +1006,10 @@ func ownerContainers(t *testing.T, owner string) []string {
 
 // TestARestartedWorkerRemovesWhatItsKilledPredecessorLeft: a Docker worker
 // SIGKILLed mid-episode leaves its container; started again with the same
-// --id, it removes it (its lease is dead) before it takes work.
+// --id, it removes it (its lease is dead) before it takes work. Its
+// heartbeats never stopped being heard (the same --id), so the episode is
+// taken back when its work item is redelivered, after the workers'
+// --ack-wait: 6 s here (the default 30 s would be past the wait below).
 func TestARestartedWorkerRemovesWhatItsKilledPredecessorLeft(t *testing.T) {
 	t.Parallel() // its own NATS server, data directories and worker processes: it mostly waits on them
 	needDocker(t)
@@ -1017,7 +1020,8 @@ func TestARestartedWorkerRemovesWhatItsKilledPredecessorLeft(t *testing.T) {
 	defer release()
 	ns := startNATS(t, "", 0)
 	coord := startService(t, "", ns.url)
-	w := startWorker(t, ns.url, "dgc", "docker", 1)
+	const ackWait = "--ack-wait=6s"
+	w := startWorker(t, ns.url, "dgc", "docker", 1, ackWait)
 	coord.waitWorkers(1)
 	tasks := exactTasks(1)
 	tasks[0]["sandbox"] = map[string]any{"backend": "docker", "image": "base"}
@@ -1030,12 +1034,12 @@ func TestARestartedWorkerRemovesWhatItsKilledPredecessorLeft(t *testing.T) {
 	if n := len(ownerContainers(t, owner)); n != 1 {
 		t.Fatalf("%d containers of owner %s after the SIGKILL, want the one it left", n, owner)
 	}
-	startWorker(t, ns.url, "dgc", "docker", 1).waitStarted(t)
+	startWorker(t, ns.url, "dgc", "docker", 1, ackWait).waitStarted(t)
 	if left := ownerContainers(t, owner); len(left) != 0 {
 		t.Errorf("the restarted worker left its predecessor's containers %v", left)
 	}
 	release()
-	tr := one(t, coord.episodes(id, time.Minute))
+	tr := one(t, coord.episodes(id, 25*time.Second))
 	if tr.Termination.Reason != trajectory.EndCancelled || !tr.Termination.Interrupted {
 		t.Errorf("episode %s: %+v, want cancelled and interrupted", tr.EpisodeID, tr.Termination)
 	}

@@ -60,14 +60,19 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream) error {
 	return nil
 }
 
-// AckWait is how long a work item stays with a worker without news before
-// JetStream redelivers it; workers send InProgress every AckWait/3.
+// AckWait is the default of how long a work item stays with a worker
+// without news before JetStream redelivers it (a worker's --ack-wait);
+// workers send InProgress every third of it.
 const AckWait = 30 * time.Second
 
-// WorkConsumerConfig is a backend's shared durable pull consumer.
-func WorkConsumerConfig(backend string) jetstream.ConsumerConfig {
+// WorkConsumerConfig is a backend's shared durable pull consumer, whose
+// items are redelivered after ackWait without news (AckWait when 0).
+func WorkConsumerConfig(backend string, ackWait time.Duration) jetstream.ConsumerConfig {
+	if ackWait <= 0 {
+		ackWait = AckWait
+	}
 	return jetstream.ConsumerConfig{Durable: WorkConsumer(backend), FilterSubject: WorkFilter(backend),
-		AckPolicy: jetstream.AckExplicitPolicy, AckWait: AckWait, MaxDeliver: -1, MaxAckPending: 1 << 20,
+		AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait, MaxDeliver: -1, MaxAckPending: 1 << 20,
 		MaxWaiting: 4096, DeliverPolicy: jetstream.DeliverAllPolicy}
 }
 

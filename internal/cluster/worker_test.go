@@ -152,3 +152,16 @@ func TestAWorkerFreesARolloutsPolicyClient(t *testing.T) {
 		}
 	}
 }
+
+// TestAWorkerWantsAnAckWaitOfASecondOrMore: --ack-wait under a second (its
+// work items would be redelivered between the news it sends) is refused
+// before the worker connects, naming the flag.
+func TestAWorkerWantsAnAckWaitOfASecondOrMore(t *testing.T) {
+	for _, v := range []string{"0s", "500ms", "-1s"} {
+		out, err := exec.Command(rollboxBinary(t), "worker", "--cluster", "nats://127.0.0.1:1", "--slots", "1", "--ack-wait="+v).CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || !strings.Contains(string(out), "--ack-wait "+v) {
+			t.Errorf("--ack-wait=%s: %v, %q; want refused naming --ack-wait", v, err, out)
+		}
+	}
+}

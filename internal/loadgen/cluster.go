@@ -123,7 +123,7 @@ func StartFakeWorkers(ctx context.Context, cfg FakeWorkersConfig) (*FakeWorkers,
 				return nil, err
 			}
 		}
-		cons, err := js.CreateOrUpdateConsumer(ctx, cluster.WorkStream, cluster.WorkConsumerConfig(cfg.Backend))
+		cons, err := js.CreateOrUpdateConsumer(ctx, cluster.WorkStream, cluster.WorkConsumerConfig(cfg.Backend, cluster.AckWait))
 		if err != nil {
 			nc.Close()
 			f.cancel()
