@@ -110,7 +110,8 @@ class Stub(BaseHTTPRequestHandler):
 def stub() -> Iterator[str]:
     Stub.script, Stub.seen = {}, []
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    # shutdown() waits for serve_forever's next poll: 20 ms, not the default 0.5 s.
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     yield "http://127.0.0.1:%d" % srv.server_address[1]
     srv.shutdown()
     srv.server_close()
