@@ -38,7 +38,14 @@ type Options struct {
 	// HTTPClient makes the requests (default one with no overall timeout:
 	// each request has the judge's own).
 	HTTPClient *http.Client
+	// Backoff is the wait before a failed request's first retry, doubled
+	// for each later one up to 16 times it (default DefaultBackoff); a
+	// Retry-After the judge answered is waited instead (at most 10 s).
+	Backoff time.Duration
 }
+
+// DefaultBackoff is Options.Backoff's default.
+const DefaultBackoff = 250 * time.Millisecond
 
 // Event is one judge request or cache hit.
 type Event struct {
@@ -78,6 +85,9 @@ func NewPool(o Options) *Pool {
 	}
 	if o.Cache == nil {
 		o.Cache = NewMemoryCache(100000)
+	}
+	if o.Backoff <= 0 {
+		o.Backoff = DefaultBackoff
 	}
 	c := o.HTTPClient
 	if c == nil {
@@ -320,7 +330,7 @@ func (p *Pool) ask1(ctx context.Context, e *Endpoint, r *Rubric, msgs []chatMess
 	var lastErr error
 	for attempt := 1; attempt <= tries; attempt++ {
 		if attempt > 1 {
-			if err := sleep(ctx, backoff(attempt-1, lastErr)); err != nil {
+			if err := sleep(ctx, backoff(attempt-1, lastErr, p.opts.Backoff)); err != nil {
 				lastErr = fmt.Errorf("the judging's deadline passed before attempt %d: %w (last: %v)", attempt, err, lastErr)
 				break
 			}
@@ -399,12 +409,12 @@ type retryAfter struct {
 func (r *retryAfter) Error() string { return r.err.Error() }
 func (r *retryAfter) Unwrap() error { return r.err }
 
-func backoff(retry int, last error) time.Duration {
+func backoff(retry int, last error, base time.Duration) time.Duration {
 	var ra *retryAfter
 	if errors.As(last, &ra) && ra.after > 0 {
 		return min(ra.after, 10*time.Second)
 	}
-	return min(250*time.Millisecond<<(retry-1), 4*time.Second)
+	return base << min(retry-1, 4)
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

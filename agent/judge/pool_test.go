@@ -173,6 +173,9 @@ func TestSamplesAreAveragedAndLabelsNormalised(t *testing.T) {
 }
 
 func TestAJudgeThatFailsLeavesTheRewardUnscored(t *testing.T) {
+	// The retries' back-off (default 250 ms, 500 ms: 0.75 s a case): the
+	// last subtest checks it is waited.
+	const quick = 10 * time.Millisecond
 	good := start(t, "good", fakejudge.JSON(fakejudge.Fixed(7)))
 	for _, tt := range []struct {
 		name     string
@@ -192,7 +195,7 @@ func TestAJudgeThatFailsLeavesTheRewardUnscored(t *testing.T) {
 			sp := spec(t, judge.Spec{Judges: []judge.Endpoint{{BaseURL: good.URL(), Model: "good"},
 				{BaseURL: bad.URL(), Model: "bad", TimeoutS: tt.timeout}},
 				Rubrics: []judge.Rubric{rubric("correctness", 1, "answer")}})
-			rec := judge.NewPool(judge.Options{}).Judge(context.Background(), sp, episode("x"))
+			rec := judge.NewPool(judge.Options{Backoff: quick}).Judge(context.Background(), sp, episode("x"))
 			if rec.Score != nil {
 				t.Fatalf("scored %v", *rec.Score)
 			}
@@ -214,9 +217,18 @@ func TestAJudgeThatFailsLeavesTheRewardUnscored(t *testing.T) {
 	t.Run("a failure that a retry cures scores", func(t *testing.T) {
 		flaky := start(t, "flaky", fakejudge.FailFirst(1, fakejudge.Status(503), fakejudge.JSON(fakejudge.Fixed(10))))
 		sp := spec(t, judge.Spec{Judges: []judge.Endpoint{{BaseURL: flaky.URL(), Model: "flaky"}}, Rubrics: []judge.Rubric{rubric("c", 1, "answer")}})
-		rec := judge.NewPool(judge.Options{}).Judge(context.Background(), sp, episode("x"))
+		rec := judge.NewPool(judge.Options{Backoff: quick}).Judge(context.Background(), sp, episode("x"))
 		if rec.Score == nil || *rec.Score != 1 || rec.Judges[0].Rubrics[0].Samples[0].Attempts != 2 {
 			t.Errorf("%+v", rec)
+		}
+	})
+	t.Run("the retries wait the back-off, doubled each time", func(t *testing.T) {
+		bad := start(t, "bad", fakejudge.Status(500))
+		sp := spec(t, judge.Spec{Judges: []judge.Endpoint{{BaseURL: bad.URL(), Model: "bad"}}, Rubrics: []judge.Rubric{rubric("c", 1, "answer")}})
+		start := time.Now()
+		rec := judge.NewPool(judge.Options{Backoff: 100 * time.Millisecond}).Judge(context.Background(), sp, episode("x"))
+		if el := time.Since(start); el < 300*time.Millisecond || rec.Judges[0].Rubrics[0].Samples[0].Attempts != 3 {
+			t.Errorf("3 attempts want 100 ms + 200 ms of back-off: %d attempts in %s", rec.Judges[0].Rubrics[0].Samples[0].Attempts, el)
 		}
 	})
 	t.Run("the judging's own deadline", func(t *testing.T) {
