@@ -23,8 +23,13 @@ func TestIdleReclaimForgetsEndedRolloutsAndLosesNothing(t *testing.T) {
 	if n := s.srv.RolloutsInMemory(); n != 0 {
 		t.Errorf("after an idle reclaim %d rollout(s) are still in memory, want the ended one forgotten", n)
 	}
-	if held() {
-		t.Errorf("after an idle reclaim the ended rollout is still reachable (its memory is not given back)")
+	// A goroutine that served it (a response still being written, a
+	// timer firing) may hold it a moment longer: it must let go soon.
+	for deadline := time.Now().Add(5 * time.Second); held(); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Errorf("5 s after an idle reclaim the ended rollout is still reachable (its memory is not given back)")
+			break
+		}
 	}
 	after := s.status(id)
 	if after.State != before.State || after.EpisodesDone != before.EpisodesDone || after.EpisodesTotal != 4 ||
