@@ -23,8 +23,8 @@ import (
 // real binary; a command in neither is an error, so a changed command is
 // either run or given a reason here.
 var notRun = map[string]string{
-	"go test -timeout 15m ./sandbox/... ./runtime ./...": "it is the test suite this test is part of",
-	"go install ./cmd/rollbox":   "the test builds the same binary with go build into a directory of its own, put first on PATH",
+	"go test -timeout 15m ./sandbox/... ./runtime ./...":                                        "it is the test suite this test is part of",
+	"go install ./cmd/rollbox":                                                                  "the test builds the same binary with go build into a directory of its own, put first on PATH",
 	"rollbox replay EPISODE.json --until 7 --policy openai:http://127.0.0.1:8000/v1#model=NAME": "needs an inference server",
 	`curl -s -H 'Content-Type: application/json' localhost:7070/v1/rollouts -d '{"tasks": [{"id": "fix-add"}, {"id": "sum-of-squares"}], "group_size": 8, "policy": {"base_url": "http://127.0.0.1:8000/v1", "model": "Qwen3-8B", "sampling": {"temperature": 1.0}}}'`: "needs an inference server",
 	"curl -sN 'localhost:7070/v1/rollouts/<id>/episodes?stream=1'":                                                                                           "reads the rollout an inference server would serve",

@@ -71,20 +71,8 @@ func TestAGroupItemWhoseMemberMustWaitClaimsNone(t *testing.T) {
 		"reward": map[string]any{"type": "exact", "answer": "done"},
 		"prefix": map[string]any{"turns": []any{map[string]any{"tool_calls": []any{
 			map[string]any{"name": "bash", "arguments": map[string]any{"command": "echo prefix >> /work/n"}}}}}}}
-	body, _ := json.Marshal(map[string]any{"tasks": []any{task}, "group_size": group,
+	id := postRollout(t, hsURL, map[string]any{"tasks": []any{task}, "group_size": group,
 		"policy": map[string]any{"base_url": pol.URL(), "model": "fake-model"}})
-	resp, err := http.Post(hsURL+"/v1/rollouts", "application/json", bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var created struct {
-		ID string `json:"id"`
-	}
-	json.NewDecoder(resp.Body).Decode(&created)
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 || created.ID == "" {
-		t.Fatalf("POST /v1/rollouts: %s", resp.Status)
-	}
 	var st struct {
 		State        string         `json:"state"`
 		EpisodesDone int            `json:"episodes_done"`
@@ -93,10 +81,10 @@ func TestAGroupItemWhoseMemberMustWaitClaimsNone(t *testing.T) {
 	}
 	for st.State != "done" {
 		if ctx.Err() != nil {
-			t.Fatalf("rollout %s did not end: %+v", created.ID, st)
+			t.Fatalf("rollout %s did not end: %+v", id, st)
 		}
 		time.Sleep(50 * time.Millisecond)
-		r, err := http.Get(hsURL + "/v1/rollouts/" + created.ID)
+		r, err := http.Get(hsURL + "/v1/rollouts/" + id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -111,4 +99,24 @@ func TestAGroupItemWhoseMemberMustWaitClaimsNone(t *testing.T) {
 		t.Errorf("rollout: %+v, attempts kept %v; want %d finished, no infra retry, no attempt kept (no member ran before the item was left)",
 			st, kept, group)
 	}
+}
+
+// postRollout submits a rollout request to the service at url and returns
+// its id, failing the test unless it was created.
+func postRollout(t *testing.T, url string, req map[string]any) string {
+	t.Helper()
+	body, _ := json.Marshal(req)
+	resp, err := http.Post(url+"/v1/rollouts", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var created struct {
+		ID string `json:"id"`
+	}
+	json.NewDecoder(resp.Body).Decode(&created)
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 || created.ID == "" {
+		t.Fatalf("POST /v1/rollouts: %s", resp.Status)
+	}
+	return created.ID
 }

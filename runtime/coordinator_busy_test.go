@@ -1,7 +1,6 @@
 package runtime_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -23,29 +22,17 @@ func TestACoordinatorIsNotBusyWithItsWorkersEpisodes(t *testing.T) {
 	srv, hsURL := natstest.Coordinator(t, t.TempDir(), co, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	task := map[string]any{"id": "t", "prompt": "Answer.", "sandbox": map[string]any{"backend": "wasm"}, "tools": []string{"finish"},
 		"reward": map[string]any{"type": "exact", "answer": "a"}}
-	body, _ := json.Marshal(map[string]any{"tasks": []any{task}, "group_size": 2,
+	id := postRollout(t, hsURL, map[string]any{"tasks": []any{task}, "group_size": 2,
 		"policy": map[string]any{"base_url": "http://127.0.0.1:9/v1", "model": "fake-model"}})
-	resp, err := http.Post(hsURL+"/v1/rollouts", "application/json", bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var created struct {
-		ID string `json:"id"`
-	}
-	json.NewDecoder(resp.Body).Decode(&created)
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 || created.ID == "" {
-		t.Fatalf("POST /v1/rollouts: %s", resp.Status)
-	}
 	var st runtime.RolloutStatus
-	r, err := http.Get(hsURL + "/v1/rollouts/" + created.ID)
+	r, err := http.Get(hsURL + "/v1/rollouts/" + id)
 	if err != nil {
 		t.Fatal(err)
 	}
 	json.NewDecoder(r.Body).Decode(&st)
 	r.Body.Close()
 	if st.EpisodesQueued+st.EpisodesRunning != 2 {
-		t.Fatalf("rollout %s: queued %d running %d, want its 2 episodes in hand", created.ID, st.EpisodesQueued, st.EpisodesRunning)
+		t.Fatalf("rollout %s: queued %d running %d, want its 2 episodes in hand", id, st.EpisodesQueued, st.EpisodesRunning)
 	}
 	if srv.Busy() {
 		t.Error("the coordinator is Busy with episodes its workers are to run")

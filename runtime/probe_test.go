@@ -28,10 +28,23 @@ func startPromptService(t *testing.T, mutate ...func(*runtime.Options)) *service
 	for _, m := range mutate {
 		m(&opts)
 	}
+	srv, ln := openPromptListening(t, opts)
+	hs := srv.HTTPServer()
+	go hs.Serve(ln)
+	t.Cleanup(func() { hs.Close() })
+	return &service{t: t, srv: srv, url: "http://" + ln.Addr().String()}
+}
+
+// openPromptListening opens the service and its prompt listener on a free
+// port (as rollbox serve does), both closed at the test's end; serving the
+// listener is the caller's.
+func openPromptListening(t *testing.T, opts runtime.Options) (*runtime.Server, net.Listener) {
+	t.Helper()
 	srv, err := runtime.Open(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { srv.Close() })
 	tcp, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -40,13 +53,8 @@ func startPromptService(t *testing.T, mutate ...func(*runtime.Options)) *service
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := srv.HTTPServer()
-	go hs.Serve(ln)
-	t.Cleanup(func() {
-		hs.Close()
-		srv.Close()
-	})
-	return &service{t: t, srv: srv, url: "http://" + ln.Addr().String()}
+	t.Cleanup(func() { ln.Close() })
+	return srv, ln
 }
 
 // TestHelperProber is a liveness probe in a process of its own (the
@@ -159,20 +167,7 @@ func TestAHealthProbeIsAnsweredPromptlyWhileCommandsFloodTheCPU(t *testing.T) {
 // among the episodes', each system call of theirs a chance to lose the
 // processor and wait behind the whole service.
 func TestABusyServiceAnswersAProbeWithoutItsHTTPServer(t *testing.T) {
-	srv, err := runtime.Open(runtime.Options{DataDir: t.TempDir(), Backends: wasmBackends(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	tcp, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := srv.PromptListener(tcp.(*net.TCPListener), 2*time.Millisecond)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	srv, ln := openPromptListening(t, runtime.Options{DataDir: t.TempDir(), Backends: wasmBackends(t)})
 	url := "http://" + ln.Addr().String()
 	// The rollout is submitted through a server of its own: the prompt
 	// listener's is never served.
