@@ -1,12 +1,7 @@
 package trajectory
 
 import (
-	"fmt"
-	"os"
-	"path/filepath"
-	"sync"
 	"testing"
-	"time"
 )
 
 // Records written while their directory's fsync runs share the next one
@@ -15,47 +10,16 @@ import (
 func TestRecordsWrittenAtOnceShareTheirDirectorysFsyncs(t *testing.T) {
 	dir := t.TempDir()
 	const n = 64
-	first, held := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	dirSyncs.hook = func() { once.Do(func() { close(first); <-held }) } // the first fsync waits for the others to arrive
-	defer func() { dirSyncs.hook = nil }()
 	before := dirSyncs.fsyncs.Load()
-	var wg sync.WaitGroup
-	errs := make([]error, n)
-	write := func(i int) {
-		defer wg.Done()
-		path := filepath.Join(dir, fmt.Sprintf("e%d.json", i))
-		doc := fmt.Sprintf(`{"episode_id": "e%d"}`, i)
-		if errs[i] = WriteDocument(path, []byte(doc)); errs[i] != nil {
-			return
-		}
-		if b, err := os.ReadFile(path); err != nil || string(b) != doc+"\n" {
-			errs[i] = fmt.Errorf("read back: %v %q", err, b)
-		}
-	}
-	wg.Add(1)
-	go write(0)
-	<-first
-	for i := 1; i < n; i++ {
-		wg.Add(1)
-		go write(i)
-	}
-	// Every other writer is waiting for the next fsync once it has renamed.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	// Every other writer waits for the next fsync once it has renamed.
+	errs := commitAtOnce(t, dir, n, n, func(h func()) { dirSyncs.hook = h }, func() int {
 		dirSyncs.mu.Lock()
-		w := 0
+		defer dirSyncs.mu.Unlock()
 		if d := dirSyncs.dirs[dir]; d != nil {
-			w = d.waiters
+			return d.waiters
 		}
-		dirSyncs.mu.Unlock()
-		if w == n || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
-	close(held)
-	wg.Wait()
+		return 0
+	}, WriteDocument)
 	for i, err := range errs {
 		if err != nil {
 			t.Fatalf("record %d: %v", i, err)

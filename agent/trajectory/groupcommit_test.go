@@ -4,9 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
-	"time"
 )
 
 // Documents committed while a commit runs share the next one: one
@@ -20,46 +18,15 @@ func TestDocumentsCommittedAtOnceShareOneFileSystemSync(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(dir, fmt.Sprintf("e%d.json", bad)+tmpSuffix), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	first, held := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	docCommits.hook = func() { once.Do(func() { close(first); <-held }) } // the first batch waits for the others to arrive
-	defer func() { docCommits.hook = nil }()
 	before := docCommits.syncs.Load()
-	var wg sync.WaitGroup
-	errs := make([]error, n)
-	commit := func(i int) {
-		defer wg.Done()
-		path := filepath.Join(dir, fmt.Sprintf("e%d.json", i))
-		doc := fmt.Sprintf(`{"episode_id": "e%d"}`, i)
-		if errs[i] = CommitDocument(path, []byte(doc)); errs[i] != nil {
-			return
-		}
-		if b, err := os.ReadFile(path); err != nil || string(b) != doc+"\n" {
-			errs[i] = fmt.Errorf("read back: %v %q", err, b)
-		}
-	}
-	wg.Add(1)
-	go commit(0)
-	<-first
-	for i := 1; i < n; i++ {
-		wg.Add(1)
-		go commit(i)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	errs := commitAtOnce(t, dir, n, n-1, func(h func()) { docCommits.hook = h }, func() int {
 		docCommits.mu.Lock()
-		w := 0
+		defer docCommits.mu.Unlock()
 		if q := docCommits.dirs[dir]; q != nil {
-			w = len(q.pending)
+			return len(q.pending)
 		}
-		docCommits.mu.Unlock()
-		if w == n-1 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
-	close(held)
-	wg.Wait()
+		return 0
+	}, CommitDocument)
 	for i, err := range errs {
 		if i == bad {
 			if err == nil {

@@ -356,11 +356,7 @@ func (w *Writer) End(term *Termination, reward *Reward, stats Stats) error {
 	}
 	doc, err := marshalDocument(w.t)
 	if err == nil {
-		write := func() {
-			if err = writeTempBytes(w.final, doc, true); err == nil {
-				err = commitTemp(w.final)
-			}
-		}
+		write := func() { err = WriteDocument(w.final, doc) }
 		if w.outside != nil {
 			w.outside(write)
 		} else {
