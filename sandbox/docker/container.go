@@ -144,28 +144,15 @@ func (c *Container) Diagnose(ctx context.Context) guesthost.Diagnosis {
 const oomSettle = 2 * time.Second
 
 // oomShows says whether the engine records an OOM kill of the container
-// (its state's flag or an "oom" event) within oomSettle.
+// within oomSettle. dockerd sets the state's flag in the same handler that
+// emits its "oom" event, so the state alone is looked at.
 func (c *Container) oomShows(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, oomSettle)
 	defer cancel()
-	msgs, errs := c.b.cli.Events(ctx, events.ListOptions{
-		Since: strconv.FormatInt(c.created.Add(-time.Second).Unix(), 10),
-		Filters: filters.NewArgs(filters.Arg("type", string(events.ContainerEventType)),
-			filters.Arg("container", c.id), filters.Arg("event", string(events.ActionOOM))),
-	})
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		select {
-		case m, ok := <-msgs:
-			if ok && m.Action == events.ActionOOM {
-				return true
-			}
-			if !ok {
-				msgs = nil
-			}
-		case <-errs:
-			errs = nil
 		case <-tick.C:
 			if in, err := c.b.cli.ContainerInspect(ctx, c.id); err == nil && in.State != nil && in.State.OOMKilled {
 				return true
