@@ -116,10 +116,16 @@ func (s *Server) getHealth(w http.ResponseWriter, r *http.Request) error {
 		// The part of a probe's latency that is the service's: from the
 		// request's arrival in this host's socket (or the accept) to the
 		// answer; not the client's connect. rollbox bench reports it.
-		w.Header().Set("Server-Timing", fmt.Sprintf("service;dur=%.3f, accept;dur=%.3f", ms(d), ms(acc)))
+		w.Header().Set("Server-Timing", serverTiming(d, acc))
 	}
 	writeHTTPJSON(w, status, h)
 	return nil
+}
+
+// serverTiming is a probe's Server-Timing header: the service's part of
+// its latency and the time since its connection was accepted.
+func serverTiming(service, sinceAccept time.Duration) string {
+	return fmt.Sprintf("service;dur=%.3f, accept;dur=%.3f", ms(service), ms(sinceAccept))
 }
 
 // healthCollector exports what /healthz says as metrics.

@@ -51,8 +51,8 @@ func (s *Server) AnswerProbe(p promptnet.Probe) ([]byte, bool) {
 	service := max(sinceAccept, p.DataAge)
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nDate: %s\r\n"+
-		"Server-Timing: service;dur=%.3f, accept;dur=%.3f\r\nConnection: close\r\n\r\n",
-		status, http.StatusText(status), len(body), time.Now().UTC().Format(http.TimeFormat), ms(service), ms(sinceAccept))
+		"Server-Timing: %s\r\nConnection: close\r\n\r\n",
+		status, http.StatusText(status), len(body), time.Now().UTC().Format(http.TimeFormat), serverTiming(service, sinceAccept))
 	b.Write(body)
 	s.metrics.HTTPRequests.WithLabelValues("GET /healthz", strconv.Itoa(status)).Inc()
 	return b.Bytes(), true
