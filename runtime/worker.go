@@ -50,9 +50,13 @@ type WorkerOptions struct {
 	// Heartbeat is its heartbeat interval (default cluster.DefaultHeartbeat).
 	Heartbeat time.Duration
 	// AckWait is how long a work item it took stays its own without news
-	// (it sends some every third of it) before JetStream redelivers it
-	// (default cluster.AckWait). It is set on the backend's consumer, which
-	// every worker of that backend shares: give them all the same.
+	// before JetStream redelivers it (default cluster.AckWait). It is the
+	// ack wait of the backend's consumer, which every worker of that
+	// backend shares: the worker sets it there only when no live worker of
+	// the backend answers on cluster.AckWaitSubject, and RunWorker fails
+	// with ErrAckWaitInUse when the live ones use another. Whatever set it,
+	// the worker keeps its items with news every third of the consumer's
+	// ack wait as the server holds it (read back every heartbeat).
 	AckWait time.Duration
 	// PolicyAPIKey is sent to the policy servers.
 	PolicyAPIKey string
@@ -80,6 +84,10 @@ type WorkerOptions struct {
 // ErrWorkerIDTaken is RunWorker's error when a live worker answers to the
 // ID it was given.
 var ErrWorkerIDTaken = errors.New("worker id taken")
+
+// ErrAckWaitInUse is RunWorker's error when the live workers of its
+// backend keep their work items by another ack wait than its AckWait.
+var ErrAckWaitInUse = errors.New("another ack wait is in use")
 
 // DefaultRolloutIdle is WorkerOptions.RolloutIdle's default.
 const DefaultRolloutIdle = time.Minute
@@ -110,6 +118,13 @@ type worker struct {
 	// instance tells this process from another of the same ID (its
 	// answers to pings carry it).
 	instance string
+
+	// ackWait is the ack wait of the backend's consumer the worker keeps
+	// its items by (the server's, followed: followAckWait); ackChanged is
+	// closed when it changes.
+	ackMu      sync.Mutex
+	ackWait    time.Duration
+	ackChanged chan struct{}
 
 	mu       sync.Mutex
 	running  map[string]*attempt // by episode id
@@ -220,15 +235,11 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	if err := cluster.EnsureStreams(setup, js); err != nil {
 		return err
 	}
-	cons, err := js.CreateOrUpdateConsumer(setup, cluster.WorkStream, cluster.WorkConsumerConfig(o.Backend, o.AckWait))
-	if err != nil {
-		return fmt.Errorf("JetStream consumer %s: %w", cluster.WorkConsumer(o.Backend), err)
-	}
 	life, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
 	w := &worker{o: o, log: o.Logger, nc: nc, ctl: ctl, js: js, metrics: NewMetrics(o.Registry), free: make(chan struct{}, o.Slots),
 		running: map[string]*attempt{}, rollouts: map[string]*rolloutClient{}, stored: map[string]chan cluster.Stored{},
-		versions: map[string]*rolloutVersions{}}
+		versions: map[string]*rolloutVersions{}, ackChanged: make(chan struct{})}
 	// One process per ID: a second worker started with the ID of a live
 	// one would share its subjects (stored, ping) and its sandboxes'
 	// owner label, and its gc would remove the live one's sandboxes.
@@ -237,6 +248,11 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 		return err
 	}
 	defer psub.Unsubscribe()
+	cons, asub, err := w.workQueue(setup)
+	if err != nil {
+		return err
+	}
+	defer asub.Unsubscribe()
 	if o.Prepare != nil {
 		o.Prepare(ctx)
 	}
@@ -268,7 +284,8 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	defer vsub.Unsubscribe()
 	w.beat(false)
 	go w.heartbeats(life)
-	o.Logger.Info("worker started", "worker", o.ID, "backend", o.Backend, "slots", o.Slots, "cluster", o.URL)
+	go w.followAckWait(life, cons)
+	o.Logger.Info("worker started", "worker", o.ID, "backend", o.Backend, "slots", o.Slots, "cluster", o.URL, "ack_wait", w.ackWaitNow().String())
 
 	var wg sync.WaitGroup
 	for ctx.Err() == nil {
@@ -426,6 +443,154 @@ func (w *worker) idTaken(other *pingAnswer) error {
 		who = fmt.Sprintf("a live worker on host %s (pid %d)", other.Host, other.PID)
 	}
 	return fmt.Errorf("--id %s: %w: %s answers to it; stop that worker first or give this one another --id", w.o.ID, ErrWorkerIDTaken, who)
+}
+
+// workQueue joins the backend's work queue consumer. From then on w
+// answers on cluster.AckWaitSubject with the ack wait it keeps its items
+// by (the returned subscription); then it asks the live workers of its
+// backend theirs. One of them keeping its items by another than
+// o.AckWait refuses w (ErrAckWaitInUse): the consumer has one ack wait,
+// and a shorter one would have JetStream redeliver the episodes they run
+// while they run them. With none live, w sets its own on the consumer;
+// with some, it leaves the consumer as it is. Either way w keeps its items
+// by the ack wait the server holds, read back. As in takeID, of two
+// workers started at once with different values the later (or both) sees
+// the other and is refused.
+func (w *worker) workQueue(ctx context.Context) (jetstream.Consumer, *nats.Subscription, error) {
+	w.setAckWait(w.o.AckWait)
+	sub, err := w.ctl.Subscribe(cluster.AckWaitSubject(w.o.Backend), func(m *nats.Msg) {
+		b, _ := json.Marshal(cluster.AckWaitAnswer{Worker: w.o.ID, Host: w.o.Host, Instance: w.instance, AckWait: w.ackWaitNow()})
+		m.Respond(b)
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	fail := func(err error) (jetstream.Consumer, *nats.Subscription, error) {
+		sub.Unsubscribe()
+		return nil, nil, err
+	}
+	live, err := w.liveAckWaits(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	for _, a := range live {
+		if a.AckWait != w.o.AckWait {
+			return fail(w.ackWaitInUse(a, len(live)))
+		}
+	}
+	name := cluster.WorkConsumer(w.o.Backend)
+	var cons jetstream.Consumer
+	if len(live) > 0 {
+		cons, err = w.js.Consumer(ctx, cluster.WorkStream, name)
+	}
+	if len(live) == 0 || errors.Is(err, jetstream.ErrConsumerNotFound) {
+		cons, err = w.js.CreateOrUpdateConsumer(ctx, cluster.WorkStream, cluster.WorkConsumerConfig(w.o.Backend, w.o.AckWait))
+	}
+	if err != nil {
+		return fail(fmt.Errorf("JetStream consumer %s: %w", name, err))
+	}
+	if d := cons.CachedInfo().Config.AckWait; d != w.o.AckWait {
+		w.log.Warn("worker: the work queue's ack wait on the NATS server is not --ack-wait; the worker keeps its items by the server's",
+			"consumer", name, "ack_wait", d.String(), "flag", w.o.AckWait.String())
+		w.setAckWait(d)
+	}
+	return cons, sub, nil
+}
+
+// liveAckWaits asks the live workers of w's backend the ack wait they
+// keep their items by and returns the answers of all but w itself
+// (subscribed already: it answers at once), gathered until none came for
+// a quarter of a second, two seconds at most.
+func (w *worker) liveAckWaits(ctx context.Context) ([]cluster.AckWaitAnswer, error) {
+	inbox := w.ctl.NewRespInbox()
+	ch := make(chan *nats.Msg, 64)
+	sub, err := w.ctl.ChanSubscribe(inbox, ch)
+	if err != nil {
+		return nil, err
+	}
+	defer sub.Unsubscribe()
+	if err := w.ctl.PublishRequest(cluster.AckWaitSubject(w.o.Backend), inbox, nil); err != nil {
+		return nil, err
+	}
+	limit := time.NewTimer(2 * time.Second)
+	defer limit.Stop()
+	quiet := time.NewTimer(2 * time.Second)
+	defer quiet.Stop()
+	var out []cluster.AckWaitAnswer
+	for {
+		select {
+		case m := <-ch:
+			quiet.Reset(250 * time.Millisecond)
+			var a cluster.AckWaitAnswer
+			if json.Unmarshal(m.Data, &a) == nil && a.Instance != w.instance {
+				out = append(out, a)
+			}
+		case <-quiet.C:
+			return out, nil
+		case <-limit.C:
+			return out, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func (w *worker) ackWaitInUse(a cluster.AckWaitAnswer, live int) error {
+	return fmt.Errorf("--ack-wait %s: %w: the live workers of backend %s keep their work items by %s (%d live, among them %s on host %s); "+
+		"the backend's work queue has one ack wait, which every worker of the backend keeps its items by (set to a shorter one, JetStream would redeliver "+
+		"the episodes they run while they run them): start this worker with --ack-wait %s, or stop every worker of backend %s first to change it",
+		w.o.AckWait, ErrAckWaitInUse, w.o.Backend, a.AckWait, live, a.Worker, a.Host, a.AckWait, w.o.Backend)
+}
+
+// ackWaitNow is the ack wait w keeps its items by.
+func (w *worker) ackWaitNow() time.Duration {
+	d, _ := w.ackWaitWatch()
+	return d
+}
+
+// ackWaitWatch is the ack wait w keeps its items by and a channel closed
+// when it changes.
+func (w *worker) ackWaitWatch() (time.Duration, <-chan struct{}) {
+	w.ackMu.Lock()
+	defer w.ackMu.Unlock()
+	return w.ackWait, w.ackChanged
+}
+
+func (w *worker) setAckWait(d time.Duration) {
+	w.ackMu.Lock()
+	defer w.ackMu.Unlock()
+	if d != w.ackWait {
+		w.ackWait = d
+		close(w.ackChanged)
+		w.ackChanged = make(chan struct{})
+	}
+}
+
+// followAckWait reads the consumer's ack wait back from the server every
+// heartbeat: changed there (by hand: a worker changes it only while no
+// other is live), the items running here get news at once (keep), then
+// every third of the new value.
+func (w *worker) followAckWait(ctx context.Context, cons jetstream.Consumer) {
+	t := time.NewTicker(w.o.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		info, err := cons.Info(ictx)
+		cancel()
+		if err != nil || info.Config.AckWait <= 0 {
+			continue
+		}
+		if d, was := info.Config.AckWait, w.ackWaitNow(); d != was {
+			w.log.Info("worker: the work queue's ack wait changed on the NATS server; items are kept by the new one",
+				"consumer", info.Name, "ack_wait", d.String(), "was", was.String())
+			w.setAckWait(d)
+		}
+	}
 }
 
 // checkWorkerID wants a worker id that is one subject token.
@@ -663,20 +828,24 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 	// could not be published: the item is left for redelivery.
 }
 
-// keep keeps msg's item this worker's (InProgress) until the returned
-// function is called.
+// keep keeps msg's item this worker's until the returned function is
+// called: InProgress every third of the consumer's ack wait, and at once
+// when the ack wait changed on the server (followAckWait).
 func (w *worker) keep(ctx context.Context, msg jetstream.Msg) func() {
 	keep, stop := context.WithCancel(ctx)
 	go func() {
-		t := time.NewTicker(w.o.AckWait / 3)
-		defer t.Stop()
 		for {
+			d, changed := w.ackWaitWatch()
+			t := time.NewTimer(d / 3)
 			select {
 			case <-keep.Done():
+				t.Stop()
 				return
 			case <-t.C:
-				msg.InProgress()
+			case <-changed:
+				t.Stop()
 			}
+			msg.InProgress()
 		}
 	}()
 	return stop

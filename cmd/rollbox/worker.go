@@ -50,7 +50,7 @@ lines on stderr. See docs/scale-out.md.`,
 	id := fs.String("id", "", "worker `ID` (letters, digits, - and _; default HOST-PID)")
 	data := fs.String("data", "", "`DIR` for the journals of the episodes it runs, each removed once stored by the coordinator (default a directory under the system's temp dir)")
 	heartbeat := fs.Duration("heartbeat", cluster.DefaultHeartbeat, "heartbeat interval (the coordinator's --heartbeat)")
-	ackWait := fs.Duration("ack-wait", cluster.AckWait, "how long an episode it took stays its own without news (it sends some every third of it) before it goes to another worker, as when this worker is restarted with the same --id after a SIGKILL; set on the backend's work queue, so every worker of a backend needs the same")
+	ackWait := fs.Duration("ack-wait", cluster.AckWait, "how long an episode it took stays its own without news before it goes to another worker, as when this worker is restarted with the same --id after a SIGKILL. The backend's work queue has one: a worker sets it only when no other worker of the backend is live, and is refused at start when the live ones use another (stop them all to change it); it sends news every third of the one the NATS server holds, followed if changed there")
 	warm := fs.Int("warm", 0, "most warm sandboxes kept per spec")
 	forkSpares := addForkSparesFlag(fs)
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://`HOST:PORT`/metrics: slots, running, episodes by termination, infra failures, rollout clients, NATS reconnects, and the sandboxes', tools' and policy calls' series (default: none)")
@@ -143,7 +143,7 @@ lines on stderr. See docs/scale-out.md.`,
 					gcOwner(ctx, log, cfg)
 				}
 			}})
-		if errors.Is(err, runtime.ErrWorkerIDTaken) {
+		if errors.Is(err, runtime.ErrWorkerIDTaken) || errors.Is(err, runtime.ErrAckWaitInUse) {
 			return usagef("%v", err)
 		}
 		return err

@@ -56,6 +56,13 @@
 //     immediate redelivery (or ends them interrupted, see 2). The
 //     coordinator lists the live workers at GET /v1/workers.
 //
+//     Every worker of a backend keeps its items with news (InProgress)
+//     every third of the consumer's AckWait as the server holds it,
+//     read back at start and every heartbeat. A worker sets the AckWait
+//     (its --ack-wait) only when no live worker of the backend answers
+//     on AckWaitSubject(backend); one whose --ack-wait differs from the
+//     live workers' is refused at start.
+//
 //  6. Cancel. DELETE /v1/rollouts/{id} publishes a Cancel on CancelSubject;
 //     workers stop that rollout's episodes, which end cancelled and are
 //     journaled back as usual.
@@ -134,6 +141,10 @@ const (
 	// every worker, when a policy version is announced to a rollout; each
 	// worker answers a VersionsAck.
 	VersionsSubject = "rollbox.versions"
+	// AckWaitSubjectPrefix + backend: a core request (empty body) every
+	// live worker of the backend answers with an AckWaitAnswer. A starting
+	// worker asks it before it touches the backend's work queue consumer.
+	AckWaitSubjectPrefix = "rollbox.ackwait."
 )
 
 // Journal message headers (every message on JournalStream and
@@ -244,6 +255,10 @@ func HeartbeatSubject(worker string) string { return HeartbeatSubjectPrefix + wo
 
 // PingSubject is where a worker answers pings.
 func PingSubject(worker string) string { return PingSubjectPrefix + worker }
+
+// AckWaitSubject is where the live workers of a backend say the ack wait
+// they keep their items by.
+func AckWaitSubject(backend string) string { return AckWaitSubjectPrefix + backend }
 
 // StoredSubject is where the coordinator tells a worker an attempt is stored.
 func StoredSubject(worker string) string { return StoredSubjectPrefix + worker }
@@ -400,6 +415,17 @@ type Heartbeat struct {
 	Episodes []Running `json:"episodes,omitempty"`
 	// Leaving is set by a worker that stops cleanly (its items are nak'ed).
 	Leaving bool `json:"leaving,omitempty"`
+}
+
+// AckWaitAnswer is a worker's answer on AckWaitSubject: the ack wait of
+// its backend's work queue consumer it keeps its items by (it sends
+// InProgress every third of it). A worker still starting answers with its
+// --ack-wait.
+type AckWaitAnswer struct {
+	Worker   string        `json:"worker"`
+	Host     string        `json:"host"`
+	Instance string        `json:"instance"`
+	AckWait  time.Duration `json:"ack_wait"`
 }
 
 // Running is one attempt a worker runs.
