@@ -56,9 +56,14 @@ def test_unreachable_service_is_a_transport_error() -> None:
     assert len(c.retries) == 2
 
 
-def test_429_is_retried_after_retry_after(start_service, slow_policy_url: str) -> None:
+def test_429_is_retried_after_retry_after(start_service, policy_url: str, slow_policy_url: str) -> None:
     # One running and one queued episode fill this service.
     svc = start_service("--max-running", "1", "--max-queued", "1")
+    # Two episodes ended just now: the service's Retry-After is estimated
+    # from that rate (a second or two), not its 5 s for a service that has
+    # ended none.
+    warm = Client(svc.url).submit(["add"], group_size=2, policy={"base_url": policy_url, "model": "fake"})
+    assert warm.wait(timeout=60, poll=0.05)["state"] == "done"
     policy = {"base_url": slow_policy_url, "model": "fake"}
     first = Client(svc.url).submit([SLOW_TASK], group_size=2, policy=policy)
     impatient = Client(svc.url, max_retries=0)
@@ -69,7 +74,7 @@ def test_429_is_retried_after_retry_after(start_service, slow_policy_url: str) -
     waited = e.value.retry_after
     # The patient client is refused too, waits the Retry-After it was given,
     # and gets in once the first rollout is cancelled meanwhile.
-    threading.Timer(1.0, lambda: Client(svc.url).cancel(first.id)).start()
+    threading.Timer(0.5, lambda: Client(svc.url).cancel(first.id)).start()
     patient = Client(svc.url)
     t0 = time.monotonic()
     second = patient.submit(["add"], group_size=1, policy=policy)
