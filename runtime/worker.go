@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -309,7 +310,7 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 				break more
 			}
 		}
-		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(time.Second))
+		batch, err := cons.Fetch(n, append(cluster.WorkFetchOpts(n), jetstream.FetchMaxWait(time.Second))...)
 		got := 0
 		if err == nil {
 			for msg := range batch.Messages() {
@@ -851,6 +852,14 @@ func (w *worker) keep(ctx context.Context, msg jetstream.Msg) func() {
 	return stop
 }
 
+// groupTooBigDelay (plus up to groupTooBigJitter) is how long a group
+// item with more episodes than a worker's --slots waits before JetStream
+// redelivers it, once the worker naked it.
+const (
+	groupTooBigDelay  = 1500 * time.Millisecond
+	groupTooBigJitter = time.Second
+)
+
 // groupSlotWait is how long a worker waits for the slots of a group item
 // before it leaves the item to a worker with room (or to itself later).
 const groupSlotWait = 3 * time.Second
@@ -865,7 +874,11 @@ func (w *worker) handleGroup(ctx context.Context, msg jetstream.Msg, item cluste
 	if n > w.o.Slots {
 		w.log.Warn("worker: a group's work item needs a slot for each of its episodes, more than this worker's --slots; left to a worker with room",
 			"group", item.GroupID, "episodes", n, "slots", w.o.Slots)
-		msg.NakWithDelay(2 * time.Second)
+		// Ranked by free slots (cluster.WorkFetchOpts), the item goes next
+		// to a waiting worker with more; among equals (a group of 3, this
+		// worker of 2 and one of 3) the delay's jitter keeps it from coming
+		// back to the same one each time.
+		msg.NakWithDelay(groupTooBigDelay + mrand.N(groupTooBigJitter))
 		return
 	}
 	// One group reserves its slots at a time, and the fetch loop takes no

@@ -1,15 +1,21 @@
 package cluster_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/rollbox/rollbox/agent"
 	"github.com/rollbox/rollbox/agent/trajectory"
+	"github.com/rollbox/rollbox/internal/cluster"
 	"github.com/rollbox/rollbox/internal/fakepolicy"
 	"github.com/rollbox/rollbox/runtime"
 )
@@ -476,6 +482,79 @@ func TestAGroupNoWorkerCanHoldPinsNoSlots(t *testing.T) {
 	startWorker(t, ns.url, "c", "wasm", 4)
 	if got := coord.episodes(big, time.Minute); len(got) != 4 {
 		t.Fatalf("the group ended %d episodes once a worker of 4 slots joined, want 4", len(got))
+	}
+}
+
+// TestAGroupItemGoesToTheWaitingWorkerWithRoom: a group item that workers
+// too small for it keep naking (with the worker's 2 s delay) goes to the
+// waiting worker with room at its next redelivery, whatever the phases of
+// the workers' fetch loops (each re-pulls every second, as a worker does).
+// Before, JetStream gave the redelivery to the oldest waiting pull
+// request: with the worker with room started (and so pulling) 0.9 s after
+// the small ones, that was a small one's every time, for ever
+// (TestAGroupNoWorkerCanHoldPinsNoSlots flaked so under load). The
+// workers here are pullers of the backend's real consumer with the
+// worker's fetch options, on a real NATS server.
+func TestAGroupItemGoesToTheWaitingWorkerWithRoom(t *testing.T) {
+	t.Parallel() // its own NATS server; it mostly waits on it
+	ns := startNATS(t, "", 0)
+	nc, js, err := cluster.Connect(ns.url, "test-pullers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := cluster.EnsureStreams(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, cluster.WorkStream, cluster.WorkConsumerConfig("wasm", 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var naked atomic.Int32
+	got := make(chan struct{})
+	var once atomic.Bool
+	var pullers sync.WaitGroup
+	defer func() {
+		cancel()
+		pullers.Wait() // each ends within its fetch's second
+	}()
+	pull := func(free int, room bool) {
+		defer pullers.Done()
+		for ctx.Err() == nil {
+			batch, err := cons.Fetch(free, append(cluster.WorkFetchOpts(free), jetstream.FetchMaxWait(time.Second))...)
+			if err != nil {
+				t.Errorf("fetch: %v", err)
+				return
+			}
+			for m := range batch.Messages() {
+				if room {
+					m.Ack()
+					if once.CompareAndSwap(false, true) {
+						close(got)
+					}
+					continue
+				}
+				naked.Add(1)
+				m.NakWithDelay(2 * time.Second)
+			}
+		}
+	}
+	pullers.Add(2)
+	go pull(2, false)
+	go pull(2, false)
+	time.Sleep(1200 * time.Millisecond)
+	if _, err := js.Publish(ctx, cluster.GroupWorkSubject("wasm", "g"), []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(900 * time.Millisecond)
+	pullers.Add(1)
+	go pull(4, true)
+	select {
+	case <-got:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("the worker with room did not get the group item in 15 s; the small ones got it %d times", naked.Load())
 	}
 }
 

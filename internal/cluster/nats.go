@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"math/bits"
 	"net/url"
 	"time"
 
@@ -66,14 +67,43 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream) error {
 const AckWait = 30 * time.Second
 
 // WorkConsumerConfig is a backend's shared durable pull consumer, whose
-// items are redelivered after ackWait without news (AckWait when 0).
+// items are redelivered after ackWait without news (AckWait when 0). Its
+// pull requests are served by priority (WorkFetchOpts): of the workers
+// waiting for work, the one with the most free slots gets an item first.
 func WorkConsumerConfig(backend string, ackWait time.Duration) jetstream.ConsumerConfig {
 	if ackWait <= 0 {
 		ackWait = AckWait
 	}
 	return jetstream.ConsumerConfig{Durable: WorkConsumer(backend), FilterSubject: WorkFilter(backend),
 		AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait, MaxDeliver: -1, MaxAckPending: 1 << 20,
-		MaxWaiting: 4096, DeliverPolicy: jetstream.DeliverAllPolicy}
+		MaxWaiting: 4096, DeliverPolicy: jetstream.DeliverAllPolicy,
+		PriorityPolicy: jetstream.PriorityPolicyPrioritized, PriorityGroups: []string{WorkPriorityGroup}}
+}
+
+// WorkPriorityGroup is the priority group of the work consumers' pull
+// requests.
+const WorkPriorityGroup = "free-slots"
+
+// WorkFetchOpts are the options of a worker's fetch of up to free items
+// (its free slots): the pull request is ranked by free slots, a class per
+// power of two (1, 2-3, 4-7, ..., 512 and more: priorities 9 down to 0).
+//
+// # Notes
+//
+// JetStream gives an item, a redelivered one too, to the oldest waiting
+// pull request of the best priority. Without ranking, a group item naked
+// by a worker too small for it (it naks it with a delay) went to whichever
+// worker's request was oldest when the delay ended, and workers re-pull
+// every second: with the phases of the workers' fetch loops fixed, the same
+// small worker got it each time, for minutes, while a worker with room
+// waited (TestAGroupItemGoesToTheWaitingWorkerWithRoom). Ranked, a worker
+// with a free slot for each of a group's episodes (a power of two) is
+// served before any with fewer. A worker that does not send the group
+// (an older one) ranks last; a consumer made without priorities (by an
+// older worker) ignores the rank.
+func WorkFetchOpts(free int) []jetstream.FetchOpt {
+	class := bits.Len(uint(max(free, 1))) - 1
+	return []jetstream.FetchOpt{jetstream.FetchPriorityGroup(WorkPriorityGroup), jetstream.FetchPrioritized(uint8(9 - min(class, 9)))}
 }
 
 // JournalAckWait is how long a journal message delivered to the

@@ -11,7 +11,9 @@
 //     has one durable pull consumer, WorkConsumer(backend), shared by every
 //     worker of that backend (a work-queue stream allows one consumer per
 //     subject); each worker fetches at most its free slots, so it never holds
-//     more than --slots items unacknowledged.
+//     more than --slots items unacknowledged, and its fetch is ranked by
+//     them (WorkFetchOpts): the waiting worker with the most free slots
+//     gets the next item.
 //
 //  2. Claim. Before it runs an item a worker asks the coordinator (core
 //     request on ClaimSubject, a Claim) and gets a ClaimReply: run (with the

@@ -238,7 +238,7 @@ func (w *fakeWorker) pull(ctx context.Context) {
 			}
 			continue
 		}
-		batch, err := w.cons.Fetch(free, jetstream.FetchMaxWait(time.Second))
+		batch, err := w.cons.Fetch(free, append(cluster.WorkFetchOpts(free), jetstream.FetchMaxWait(time.Second))...)
 		if err != nil {
 			if ctx.Err() == nil {
 				w.f.fail(fmt.Errorf("fetch: %w", err))
