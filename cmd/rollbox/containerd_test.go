@@ -44,8 +44,8 @@ func needContainerd(t *testing.T) {
 // sameOnEveryEngine are the probes whose answer the engine that started the
 // container does not change, so they run under Docker only (internal/audit's
 // TestTheDefaultSpecPassesEveryProbe, on runc and on runsc): memory-bypass
-// grows a shell variable in five ways the kernel (or gVisor's sentry) does
-// not tell apart, each stopped by the sandbox's memory limit as
+// grows a shell variable in two ways (eval, sh -c) the kernel (or gVisor's
+// sentry) does not tell apart, each stopped by the sandbox's memory limit as
 // memory-balloon's allocation is (which runs here, judged by the containerd
 // backend's host view); fifo-threads runs process substitutions inside the
 // container and counts this process's threads. They were 61 of the 110 s
