@@ -158,7 +158,9 @@ func (r *runner) memoryBypass(ctx context.Context) Probe {
 	var ev []string
 	for _, c := range cases {
 		start := time.Now()
-		res, err := r.sb.Exec(ctx, sandbox.ExecRequest{Shell: c.shell, Timeout: 60 * time.Second})
+		// A grow that reaches its timeout fails: 120 s, four times the
+		// slowest seen (a WASM case at a load of 17).
+		res, err := r.sb.Exec(ctx, sandbox.ExecRequest{Shell: c.shell, Timeout: 120 * time.Second})
 		switch {
 		case err != nil && !sandbox.IsAbuse(err):
 			pass = false
@@ -167,7 +169,9 @@ func (r *runner) memoryBypass(ctx context.Context) Probe {
 			// Its helper died of its memory limit: contained, and
 			// scored as the agent's doing.
 			ev = append(ev, fmt.Sprintf("%s: its helper was killed (%v)", c.what, err))
-		case !res.OOMKilled && res.Signal != "SIGKILL" && res.ExitCode != 137:
+		case res.TimedOut || !res.OOMKilled && res.Signal != "SIGKILL" && res.ExitCode != 137:
+			// A command killed at its timeout grew on without a limit
+			// (its exit is 137 too).
 			pass = false
 			ev = append(ev, fmt.Sprintf("%s: exit %d%s, not stopped for memory", c.what, res.ExitCode, sig(res)))
 		default:
