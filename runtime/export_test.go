@@ -40,3 +40,6 @@ func (s *Server) RolloutHeld(id string) func() bool {
 
 // OpeningAtOnce is how many WASM rollout episodes open at once.
 func OpeningAtOnce() int { return openingAtOnce() }
+
+// ImportsRunning counts the imports holding a slot (--max-imports) now.
+func (s *Server) ImportsRunning() int { return len(s.importSlots) }

@@ -457,26 +457,22 @@ func TestImportsAreBoundedAndRefuseWhatTheyCannotTake(t *testing.T) {
 		done <- code
 	}()
 	pw.Write([]byte(ndjson(chatEpisode("slow-1", "q", "v1", false))))
-	// Until the first holds the slot, a probe is taken (the request may not
-	// have reached the handler yet): each probe has its own id, so none is
-	// the episode imported below once the first has ended.
-	deadline := time.Now().Add(10 * time.Second)
-	for probe := 0; ; probe++ {
-		code, _, ae := s.importNDJSON("", strings.NewReader(ndjson(chatEpisode(fmt.Sprintf("probe-%d", probe), "q", "v1", false))))
-		if code == 429 {
-			if ae.Error.Code != "overloaded" {
-				t.Errorf("429 body: %+v", ae)
-			}
-			break
-		}
+	// Probe only once the first holds the slot: a probe sent before its
+	// request reached the handler could take the slot itself, and the first
+	// would then be the one refused (its 429 held back until its body ends).
+	for deadline := time.Now().Add(10 * time.Second); s.srv.ImportsRunning() != 1; time.Sleep(5 * time.Millisecond) {
 		select {
 		case first := <-done:
-			t.Fatalf("the first import ended with %d before its body did (a second got %d)", first, code)
+			t.Fatalf("the first import ended with %d before its body did", first)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("a second import was not refused while the first ran: %d", code)
+			t.Fatal("the first import did not take a slot within 10 s")
 		}
+	}
+	code, _, ae := s.importNDJSON("", strings.NewReader(ndjson(chatEpisode("probe", "q", "v1", false))))
+	if code != 429 || ae.Error.Code != "overloaded" {
+		t.Fatalf("a second import while the first ran: %d %+v", code, ae)
 	}
 	pw.Close()
 	if code := <-done; code != 200 {
