@@ -54,6 +54,13 @@ type Listener struct {
 	once  sync.Once
 	wg    sync.WaitGroup
 
+	// detached is closed by Detach, acceptDone when the ordinary accept
+	// has returned, drained when both loops have (all handed over).
+	detached   chan struct{}
+	detachOnce sync.Once
+	acceptDone chan struct{}
+	drained    chan struct{}
+
 	// adopted are connections the ordinary accept took while busy, for
 	// the timer's loop to answer or hand over; wake tells it.
 	mu      sync.Mutex
@@ -112,12 +119,15 @@ func listen(ln *net.TCPListener, every time.Duration, busy func() bool, answer A
 		return nil, err
 	}
 	l := &Listener{ln: ln, raw: raw, every: every, busy: busy, answer: answer,
-		conns: make(chan accepted), done: make(chan struct{}), wake: make(chan struct{}, 1)}
+		conns: make(chan accepted), done: make(chan struct{}), wake: make(chan struct{}, 1),
+		detached: make(chan struct{}), acceptDone: make(chan struct{}), drained: make(chan struct{})}
 	l.wg.Add(1)
 	go l.pollLoop()
 	if ordinary {
 		l.wg.Add(1)
 		go l.acceptLoop()
+	} else {
+		close(l.acceptDone)
 	}
 	return l, nil
 }
@@ -128,9 +138,13 @@ func listen(ln *net.TCPListener, every time.Duration, busy func() bool, answer A
 // within a tick: a probe is answered the same way whichever loop took it.
 func (l *Listener) acceptLoop() {
 	defer l.wg.Done()
+	defer close(l.acceptDone)
 	for {
 		c, err := l.ln.Accept()
-		if err == nil && l.answer != nil && l.busy() {
+		if err != nil && l.isDetached() {
+			return // the socket closed by Detach: not an error to report
+		}
+		if err == nil && l.answer != nil && l.busy() && !l.isDetached() {
 			if fd := rawDup(c); fd >= 0 {
 				c.Close() // the duplicate, not in the poller, stays open
 				l.adopt(held{fd, time.Now()})
@@ -210,6 +224,26 @@ func (l *Listener) pollLoop() {
 		tick.Reset(d)
 		select { // a goroutine a timer wakes runs next on its processor
 		case <-l.done:
+			return
+		case <-l.detached:
+			// Hand over what was taken, read or not: the ordinary accept
+			// first, so that nothing it adopts is left behind.
+			<-l.acceptDone
+			waiting = l.takeAdopted(waiting)
+			for i, h := range waiting {
+				c, err := fileConn(h.fd)
+				if err != nil {
+					continue
+				}
+				select {
+				case l.conns <- accepted{c: c}:
+				case <-l.done:
+					c.Close()
+					waiting = waiting[i+1:]
+					return
+				}
+			}
+			waiting = nil
 			return
 		case <-tick.C:
 		case <-l.wake:
@@ -337,6 +371,32 @@ func (l *Listener) Accept() (net.Conn, error) {
 		return a.c, a.err
 	case <-l.done:
 		return nil, net.ErrClosed
+	case <-l.drained:
+		return nil, net.ErrClosed
+	}
+}
+
+// Detach stops taking connections from the listening socket, whose
+// descriptor it closes (a copy of it kept elsewhere, os.File of the
+// TCPListener, keeps the socket and its backlog: a new process may take
+// over from there), and hands the connections already taken to Accept,
+// which then returns net.ErrClosed. None is closed unanswered.
+func (l *Listener) Detach() error {
+	var err error
+	l.detachOnce.Do(func() {
+		close(l.detached)
+		err = l.ln.Close()
+		go func() { l.wg.Wait(); close(l.drained) }()
+	})
+	return err
+}
+
+func (l *Listener) isDetached() bool {
+	select {
+	case <-l.detached:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -346,7 +406,9 @@ func (l *Listener) Close() error {
 	var err error
 	l.once.Do(func() {
 		close(l.done)
-		err = l.ln.Close()
+		if !l.isDetached() { // else its socket is closed
+			err = l.ln.Close()
+		}
 		l.wg.Wait()
 		for _, h := range l.takeAdopted(nil) {
 			rawClose(h.fd)

@@ -212,3 +212,81 @@ func testAnswering(t *testing.T, ordinary bool) {
 		t.Errorf("Answer was offered %d requests, want 4", n)
 	}
 }
+
+// Detach, with connections taken and not yet handed over (one by the
+// ordinary accept, the rest held by the busy loop before their requests
+// came): each is handed to Accept, which then says the listener is closed;
+// a connection made after it waits in the socket's backlog for a copy of
+// the socket (a process taking over) to accept it.
+func TestADetachedListenerHandsOverWhatItTookAndLeavesTheRestToACopy(t *testing.T) {
+	ln := tcpListener(t)
+	copied, err := ln.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer copied.Close()
+	var busy atomic.Bool
+	busy.Store(true)
+	l, err := Listen(ln, 2*time.Millisecond, busy.Load, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var clients []net.Conn
+	for range 3 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		clients = append(clients, c)
+	}
+	time.Sleep(100 * time.Millisecond) // taken by the two loops, none asked for yet
+	if err := l.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	late, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close()
+	var served []net.Conn
+	for {
+		c, err := l.Accept()
+		if errors.Is(err, net.ErrClosed) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("Accept after Detach: %v", err)
+		}
+		defer c.Close()
+		served = append(served, c)
+	}
+	if len(served) != len(clients) {
+		t.Fatalf("Accept handed over %d of the %d connections taken before Detach", len(served), len(clients))
+	}
+	for i, c := range clients {
+		fmt.Fprintf(c, "hello %d\n", i)
+	}
+	for _, c := range served {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || !strings.HasPrefix(line, "hello ") {
+			t.Errorf("a handed-over connection: %q %v", line, err)
+		}
+	}
+	taker, err := net.FileListener(copied)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taker.Close()
+	c, err := taker.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintln(late, "late")
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != "late\n" {
+		t.Errorf("the connection made after Detach, through the copy: %q %v", line, err)
+	}
+}
