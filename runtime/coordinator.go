@@ -1469,6 +1469,13 @@ func (c *coordinator) workerList() []WorkerInfo {
 
 // waitIdle waits until every dispatched episode has come back, or ctx
 // ends; it returns how many had not.
+// dispatched counts the episodes out with workers.
+func (c *coordinator) dispatched() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.eps)
+}
+
 func (c *coordinator) waitIdle(ctx context.Context) int {
 	for {
 		c.mu.Lock()

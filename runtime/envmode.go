@@ -193,6 +193,7 @@ func (s *Server) postEpisode(w http.ResponseWriter, r *http.Request) error {
 	s.env[id] = ep
 	s.mu.Unlock()
 	s.envOpen.Add(1)
+	s.worked.Store(true)
 	s.metrics.Episodes.WithLabelValues("env").Inc()
 	tools := []OpenAITool{}
 	for _, t := range sess.Tools() {

@@ -43,3 +43,6 @@ func OpeningAtOnce() int { return openingAtOnce() }
 
 // ImportsRunning counts the imports holding a slot (--max-imports) now.
 func (s *Server) ImportsRunning() int { return len(s.importSlots) }
+
+// Over is over, for the tests.
+func (p *RecyclePolicy) Over(anon, start int64) bool { return p.over(anon, start) }

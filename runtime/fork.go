@@ -140,6 +140,7 @@ func (s *Server) postFork(w http.ResponseWriter, r *http.Request) error {
 		s.env[child.id] = child
 		s.mu.Unlock()
 		s.envOpen.Add(1)
+		s.worked.Store(true)
 		s.metrics.Episodes.WithLabelValues("env").Inc()
 		made = append(made, child)
 	}

@@ -100,6 +100,7 @@ func (s *Server) postImport(w http.ResponseWriter, r *http.Request) error {
 	select {
 	case s.importSlots <- struct{}{}:
 		defer func() { <-s.importSlots }()
+		s.worked.Store(true)
 	default:
 		s.metrics.ImportsRefused.Inc()
 		return &apiError{Status: http.StatusTooManyRequests, Code: codeOverloaded, RetryAfter: 2,

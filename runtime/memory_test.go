@@ -1,6 +1,7 @@
 package runtime_test
 
 import (
+	"io"
 	"testing"
 	"time"
 
@@ -66,5 +67,71 @@ func TestAnIdleReclaimDuringABulkCancelKeepsTheRolloutCurrent(t *testing.T) {
 	st := s.waitState(id, 30*time.Second, func(st status) bool { return st.EpisodesDone == 1024 })
 	if st.Ends["cancelled"] != 1024 || st.State != runtime.RolloutCancelled {
 		t.Errorf("after the DELETE and a reclaim: %+v", st)
+	}
+}
+
+// With a recycle policy, the service asks to be executed again (RecycleDue)
+// only once it has worked, is idle, answers no request and holds more
+// anonymous memory than it started with: not fresh, not while an import is
+// still being sent; soon once it ends.
+func TestAServiceAsksToBeRecycledOnlyWhenItHasWorkedAndHasNothingInHand(t *testing.T) {
+	s := startService(t, "", func(o *runtime.Options) {
+		// Any memory is over the bound (this process runs other tests'
+		// services too): what is tested here is when it asks.
+		o.Recycle = &runtime.RecyclePolicy{Bytes: -1 << 40, After: 200 * time.Millisecond}
+	})
+	notAsked := func(what string, d time.Duration) {
+		t.Helper()
+		select {
+		case <-s.srv.RecycleDue():
+			t.Fatalf("%s, the service asked to be recycled", what)
+		case <-time.After(d):
+		}
+	}
+	notAsked("fresh, having done nothing", 1500*time.Millisecond)
+
+	pr, pw := io.Pipe()
+	imported := make(chan int, 1)
+	go func() {
+		code, _, _ := s.importNDJSON("", pr)
+		imported <- code
+	}()
+	pw.Write([]byte(ndjson(chatEpisode("held-open", "q", "v1", false))))
+	p := startPolicy(t, fakepolicy.Config{Responder: answering(func(string) string { return "done" })})
+	id := s.submit(rolloutBody(p, 2, task("a")))
+	s.waitState(id, 2*time.Minute, func(st status) bool { return st.State == "done" })
+	if s.srv.Quiescent() {
+		t.Error("quiescent while an import is being sent")
+	}
+	notAsked("idle after a rollout with an import still being sent", 1500*time.Millisecond)
+	pw.Close()
+	if code := <-imported; code != 200 {
+		t.Fatalf("the import: %d", code)
+	}
+	select {
+	case <-s.srv.RecycleDue():
+	case <-time.After(10 * time.Second):
+		now, atStart := s.srv.AnonymousMemory()
+		t.Fatalf("idle with nothing in hand for 10 s (anonymous memory %d B, %d B at start), the service did not ask to be recycled", now, atStart)
+	}
+	if !s.srv.Quiescent() {
+		t.Error("asked to be recycled, but not quiescent")
+	}
+}
+
+func TestARecyclePolicyBoundsTheMemoryAboveTheStart(t *testing.T) {
+	for _, tt := range []struct {
+		p          runtime.RecyclePolicy
+		anon, from int64
+		want       bool
+	}{
+		{runtime.RecyclePolicy{Fraction: 0.2}, 120, 100, false},
+		{runtime.RecyclePolicy{Fraction: 0.2}, 121, 100, true},
+		{runtime.RecyclePolicy{Bytes: 64 << 20}, 100 + 64<<20, 100, false},
+		{runtime.RecyclePolicy{Bytes: 64 << 20}, 101 + 64<<20, 100, true},
+	} {
+		if got := tt.p.Over(tt.anon, tt.from); got != tt.want {
+			t.Errorf("%+v: %d over %d: %v, want %v", tt.p, tt.anon, tt.from, got, tt.want)
+		}
 	}
 }

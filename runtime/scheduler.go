@@ -173,6 +173,10 @@ type scheduler struct {
 	// queuedN and runningN mirror queued and running for readers that
 	// take no lock (/healthz).
 	queuedN, runningN atomic.Int64
+	// busied is set whenever an episode is queued or running: the idle
+	// loop (reclaimWhenIdle) takes it, so that work begun and ended
+	// between two of its looks is not missed.
+	busied atomic.Bool
 
 	mu             sync.Mutex
 	active         []*rollout // rollouts with queued jobs
@@ -235,6 +239,9 @@ func newScheduler(l Limits, start func(*job), canStart func() bool, cluster bool
 func (sc *scheduler) syncCountsLocked() {
 	sc.queuedN.Store(int64(sc.queued))
 	sc.runningN.Store(int64(sc.running))
+	if sc.queued+sc.running > 0 {
+		sc.busied.Store(true)
+	}
 }
 
 func signal(ch chan struct{}) {

@@ -85,6 +85,9 @@ type Options struct {
 	// episodes are published to `rollbox worker` processes over NATS
 	// JetStream instead of run here.
 	Cluster *ClusterOptions
+	// Recycle, when set, is when an idle service asks its caller to be
+	// re-executed to give its memory back (RecycleDue); nil: never.
+	Recycle *RecyclePolicy
 
 	// recoveryGate, when set (by tests), holds the recovery until closed.
 	recoveryGate chan struct{}
@@ -140,6 +143,15 @@ type Server struct {
 	unindexedMu       sync.Mutex
 	unindexed         []*episodeRecord
 	unindexedRollouts []*rollout
+
+	// inFlight counts the API requests being answered (streams and imports
+	// included); recycleDue takes one value when the service asks to be
+	// re-executed (Options.Recycle); anonAtStart is its anonymous memory a
+	// second after it opened.
+	inFlight    atomic.Int64
+	worked      atomic.Bool // an import took a slot or an environment episode opened (reclaimWhenIdle takes it)
+	recycleDue  chan struct{}
+	anonAtStart atomic.Int64
 
 	mu         sync.Mutex
 	rollouts   map[string]*rollout
@@ -210,7 +222,7 @@ func Open(opts Options) (*Server, error) {
 	}
 	s := &Server{opts: opts, limits: opts.Limits.withDefaults(), log: opts.Logger, st: st, registry: opts.Registry,
 		catalog: map[string]*agent.Task{}, rollouts: map[string]*rollout{}, env: map[string]*envEpisode{}, started: time.Now(),
-		recovering: map[string]bool{}, recovered: make(chan struct{})}
+		recovering: map[string]bool{}, recovered: make(chan struct{}), recycleDue: make(chan struct{}, 1)}
 	s.maxima = opts.Maxima.withDefaults(s.limits)
 	s.importSlots = make(chan struct{}, s.limits.MaxImports)
 	s.outcomeSpec, s.redactor, s.now = opts.OutcomeSpec, opts.Redactor, opts.Now
@@ -403,6 +415,8 @@ func (s *Server) routes() {
 		h := rt.h
 		public := rt.Method == http.MethodGet && (rt.Path == "/healthz" || rt.Path == "/openapi.json")
 		s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			s.inFlight.Add(1)
+			defer s.inFlight.Add(-1)
 			sw := &statusWriter{ResponseWriter: w, status: 200}
 			start := time.Now()
 			http.NewResponseController(w).SetWriteDeadline(start.Add(s.opts.HTTP.Write))
