@@ -454,6 +454,11 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 	}
 	res.WallS = time.Since(start).Seconds()
 	res.RSSBefore, res.RSSAtEnd, res.Schedule, res.MemBefore = rssBefore, rss(), c.Schedule, memBefore
+	if c.Service != nil {
+		// Read now: a service that executes itself again while settling
+		// (serve --recycle-above) starts a new high-water mark.
+		res.ServicePeakRSS = c.Service.PeakRSS()
+	}
 	stopWatch()
 	if c.ProfileDir != "" {
 		res.Profiled = <-profiled
@@ -520,7 +525,7 @@ func Rollout(ctx context.Context, base string, c RolloutConfig) (*RolloutResult,
 	res.TurnOverheadMS, res.PolicyCallOverMS, res.BetweenCallsMS, res.ToolMS, res.LastTurnMS =
 		PercentilesOf(overhead), PercentilesOf(callOver), PercentilesOf(between), PercentilesOf(toolMS), PercentilesOf(lastTurn)
 	if svc := c.Service; svc != nil {
-		res.ServicePeakRSS = svc.PeakRSS()
+		res.ServicePeakRSS = max(res.ServicePeakRSS, svc.PeakRSS())
 		res.ServiceCPUS = svc.CPUSeconds()
 		res.ServiceCPUPerTurnMS = res.ServiceCPUS * 1000 / float64(max(turnsDone, 1))
 	}
