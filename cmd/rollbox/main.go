@@ -73,6 +73,12 @@ type cliEnv struct {
 	// policy); exec of os.Executable when nil. Tests point it at their
 	// TestMain.
 	self func(args ...string) (*exec.Cmd, error)
+	// ownProcess is set when the process is the command's own (main, a
+	// test's child process), not a test's: only then may rollbox serve
+	// execute its image again in place (--recycle-above).
+	ownProcess bool
+	// args are the command's arguments (run's).
+	args []string
 }
 
 // command runs this program with args in a child process (see self).
@@ -152,7 +158,7 @@ func main() {
 	var notice atomic.Pointer[string]
 	ctx, sig, stop := withSignals(context.Background(), os.Stderr, &notice)
 	defer stop()
-	env := &cliEnv{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, signal: sig, stopNotice: &notice}
+	env := &cliEnv{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, signal: sig, stopNotice: &notice, ownProcess: true}
 	os.Exit(run(ctx, env, os.Args[1:]))
 }
 
@@ -220,6 +226,7 @@ func run(ctx context.Context, env *cliEnv, args []string) int {
 		getenv = os.Getenv
 	}
 	env.cfg = readConfig(getenv)
+	env.args = args
 	root := newRoot(env)
 	root.SetArgs(args)
 	// started is set once a command's own code runs: any error before it

@@ -22,7 +22,7 @@ func TestMain(m *testing.M) {
 	if args := os.Getenv("ROLLBOX_TEST_MAIN"); args != "" {
 		var notice atomic.Pointer[string]
 		ctx, sig, stop := withSignals(context.Background(), os.Stderr, &notice)
-		env := &cliEnv{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, signal: sig, stopNotice: &notice, self: testSelf}
+		env := &cliEnv{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, signal: sig, stopNotice: &notice, self: testSelf, ownProcess: true}
 		var argv []string
 		if err := json.Unmarshal([]byte(args), &argv); err != nil {
 			panic(err)

@@ -90,8 +90,28 @@ stderr.`,
 	debugAddr := fs.String("debug-addr", "", "serve Go's profiles (net/http/pprof: heap, goroutines, CPU) on this loopback `HOST:PORT`, apart from the API")
 	clusterURL := fs.String("cluster", "", "coordinate rollout workers (rollbox worker) over the NATS JetStream server at `nats://HOST:PORT`: admitted episodes are published to them instead of run here (docs/scale-out.md)")
 	heartbeat := fs.Duration("heartbeat", cluster.DefaultHeartbeat, "with --cluster: the workers' heartbeat interval; a worker unheard for 3 intervals is taken for lost")
-	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+	recycleAbove := fs.String("recycle-above", "20%", "when the service has had nothing to do for --recycle-idle and still holds more anonymous memory than a second after it started, by a `PERCENT` of that (20%) or a SIZE (64MiB), it executes itself again in place to give it back: the same process id and listening socket (connections made meanwhile wait in its backlog), its data reopened, its counters from zero; off: never (nor while --cpuprofile writes)")
+	recycleIdle := fs.Duration("recycle-idle", 30*time.Second, "with --recycle-above: how long the service must have had nothing to do (no episode queued or running, no request being answered) before it recycles itself")
+	// inherited is the listening socket a previous image of this process
+	// handed over; recycleWith, the one this image hands over.
+	var inherited, recycleWith *os.File
+	// serveOnce is one image of the process serving, until stopped or
+	// recycled (recycleWith set).
+	serveOnce := func(cmd *cobra.Command) error {
 		ctx := cmd.Context()
+		recycle, err := parseRecycle(*recycleAbove)
+		if err != nil {
+			return usagef("--recycle-above %v", err)
+		}
+		if *recycleIdle <= 0 {
+			return usagef("--recycle-idle %s: must be positive", *recycleIdle)
+		}
+		if recycle != nil {
+			recycle.After = *recycleIdle
+		}
+		if *cpuProfile != "" || !env.ownProcess {
+			recycle = nil // the profile is of the whole run; a test's process is not ours to replace
+		}
 		var clusterOpts *runtime.ClusterOptions
 		if *clusterURL != "" {
 			if err := cluster.CheckURL(*clusterURL); err != nil {
@@ -321,7 +341,11 @@ stderr.`,
 			}
 		}()
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		recycles := recycleCount
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rollbox_process_recycles",
+				Help: "Times this service executed itself again in place, idle, to give memory back (--recycle-above), since it was started; the counters start from zero each time, as after a restart."},
+				func() float64 { return float64(recycles) }))
 		limits := runtime.Limits{MaxRunning: *maxRunning, MaxQueued: *maxQueued, PolicyConcurrency: *policyConc,
 			Backend: map[string]int{sandbox.BackendDocker: *dockerConc}, WarmPool: map[string]int{sandbox.BackendDocker: *warm, sandbox.BackendContainerd: *warm},
 			MaxEnvEpisodes: *envMax, EnvIdleTimeout: *envIdle, DiskReserve: reserve,
@@ -334,7 +358,7 @@ stderr.`,
 			ConfigureEpisode: indexes.configure, SearchIndex: indexes.identity, Registry: reg, Logger: log, Limits: limits,
 			HTTP: runtime.HTTPTimeouts{Read: *readTimeout, Write: *writeTimeout, Idle: *idleTimeout}, Maxima: maxima,
 			Tenants: tenants, AllowedHosts: hosts, OutcomeSpec: outcomeSpec, Redactor: redactor,
-			Judge: env.judgeOptions(jf, judgeSpecs(catalog)), Cluster: clusterOpts,
+			Judge: env.judgeOptions(jf, judgeSpecs(catalog)), Cluster: clusterOpts, Recycle: recycle,
 			Backends: runtime.BackendFunc(func(ctx context.Context, name string) (sandbox.Backend, error) {
 				return backends.get(ctx, name)
 			}),
@@ -342,15 +366,16 @@ stderr.`,
 		if err != nil {
 			return err
 		}
-		tcp, err := net.Listen("tcp", *addr)
+		tcp, err := listen(*addr, inherited)
+		inherited = nil
 		if err != nil {
 			srv.Close()
-			return fmt.Errorf("listen on %s: %w", *addr, err)
+			return err
 		}
 		// While episodes run, new connections (a liveness probe's) are
 		// accepted from a timer's goroutine, ahead of the episodes' own, and a
 		// GET /healthz is answered there.
-		ln, err := srv.PromptListener(tcp.(*net.TCPListener), promptAccept)
+		ln, err := srv.PromptListener(tcp, promptAccept)
 		if err != nil {
 			tcp.Close()
 			srv.Close()
@@ -377,13 +402,65 @@ stderr.`,
 			auth = fmt.Sprintf("%d bearer token(s)", tenants.Count())
 		}
 		log.Info(fmt.Sprintf("listening on http://%s (data %s)", ln.Addr(), abs), "addr", ln.Addr().String(), "data", abs, "owner", owner,
-			"default_backend", *backendName, "catalog", len(catalog), limitsAttr(limits), "auth", auth, "allowed_hosts", hosts, "audit_log", auditPath)
+			"default_backend", *backendName, "catalog", len(catalog), limitsAttr(limits), "auth", auth, "allowed_hosts", hosts, "audit_log", auditPath,
+			"recycles", recycles)
 
-		select {
-		case <-ctx.Done():
-		case err = <-served:
+		// handOver is the listening socket handed to the next image when
+		// the service recycles itself.
+		var handOver *os.File
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				break wait
+			case err = <-served:
+				break wait
+			case <-srv.RecycleDue():
+			}
+			// Idle, with memory a new image would not hold. No new
+			// connection is taken from now on (they wait in the socket's
+			// backlog, which a copy keeps open), those taken are served,
+			// and the requests being answered get a second to end.
+			f, ferr := tcp.File()
+			if ferr != nil {
+				log.Warn("cannot recycle: the listening socket cannot be copied", "err", ferr)
+				continue
+			}
+			ln.Detach()
+			<-served // once what the listener took is handed over
+			dctx, cancel := context.WithTimeout(ctx, time.Second)
+			drained := hs.Shutdown(dctx) == nil
+			cancel()
+			if ctx.Err() != nil {
+				f.Close()
+				break wait
+			}
+			if drained && srv.Quiescent() {
+				handOver = f
+				break wait
+			}
+			// A connection still open (a stream, a request slow to
+			// arrive) or a request that started work: serve on.
+			l, ferr := net.FileListener(f)
+			f.Close()
+			if ferr != nil {
+				err = fmt.Errorf("listening again on %s after a recycle was called off: %w", tcp.Addr(), ferr)
+				break wait
+			}
+			tcp = l.(*net.TCPListener)
+			if ln, err = srv.PromptListener(tcp, promptAccept); err != nil {
+				tcp.Close()
+				break wait
+			}
+			hs = srv.HTTPServer()
+			go func() { served <- hs.Serve(ln) }()
+			log.Info("recycling called off: a connection was still open or a request started work while the service stopped taking connections")
 		}
-		log.Info("stopping", "shutdown_timeout", *shutdownTimeout)
+		if handOver != nil {
+			log.Info("recycling: stopping, to execute again in place with the same listening socket", "shutdown_timeout", *shutdownTimeout)
+		} else {
+			log.Info("stopping", "shutdown_timeout", *shutdownTimeout)
+		}
 		start := time.Now()
 		sctx, cancel := context.WithTimeout(context.Background(), *shutdownTimeout)
 		defer cancel()
@@ -407,7 +484,32 @@ stderr.`,
 		if errors.Is(err, http.ErrServerClosed) {
 			err = nil
 		}
+		if handOver != nil {
+			// What the stop could not do is logged; the next image
+			// recovers it as a restart would.
+			recycleWith = handOver
+			return nil
+		}
 		return errors.Join(err, cerr)
+	}
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		f, err := inheritedListener()
+		if err != nil {
+			return err
+		}
+		inherited = f
+		for {
+			recycleWith = nil
+			err := serveOnce(cmd)
+			if recycleWith == nil {
+				return err
+			}
+			// execSelf returns only when the new image could not be
+			// executed: serve on in this one, on the same socket.
+			xerr := execSelf(env, recycleWith)
+			slog.New(slog.NewJSONHandler(env.stderr, nil)).Error("could not execute a new image of this process to give its memory back; serving on in this one", "err", xerr)
+			inherited = recycleWith
+		}
 	}
 	return cmd
 }
