@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -114,9 +115,20 @@ func TestTheDefaultSpecPassesEveryProbe(t *testing.T) {
 		t.Run(rt, func(t *testing.T) {
 			t.Parallel()
 			b := dockerBackend(t, docker.Unsafe{})
-			rep := run(t, b, sandbox.Spec{Image: "base", Runtime: rt})
-			if len(rep.Probes) != len(audit.Names()) {
-				t.Errorf("%d probes ran, want %d", len(rep.Probes), len(audit.Names()))
+			// Every probe, but output-flood under gVisor: its 1 GiB
+			// through the sentry was 13-18 s of the longest audit (load
+			// 15). The probe's own judgement (the cap kept, every byte
+			// counted, the host's heap) runs on runc, through the same
+			// backend and guest stream; the flood through gVisor is
+			// sandbox/docker's conformance suite's (TestConformance/runsc,
+			// "a 1 GB flood comes back capped with the dropped count").
+			want := audit.Names()
+			if rt == sandbox.RuntimeRunsc {
+				want = slices.DeleteFunc(want, func(n string) bool { return n == "output-flood" })
+			}
+			rep := run(t, b, sandbox.Spec{Image: "base", Runtime: rt}, want...)
+			if len(rep.Probes) != len(want) {
+				t.Errorf("%d probes ran, want %d", len(rep.Probes), len(want))
 			}
 			for _, p := range rep.Probes {
 				// A container has its own root: the helpers' host
