@@ -9,8 +9,11 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"regexp"
+	"strconv"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -46,6 +49,9 @@ func newServeHealthCmd(env *cliEnv) *cobra.Command {
 	addr := cmd.Flags().String("addr", "127.0.0.1:0", "`HOST:PORT` to listen on")
 	stale := cmd.Flags().Duration("stale", 5*time.Second, "report the service unresponsive when its last snapshot is older than this")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		// Its stdout's reader goes with the image of the service that
+		// started it (--recycle-above): a write there must fail, not kill.
+		signal.Ignore(syscall.SIGPIPE)
 		ln, err := net.Listen("tcp", *addr)
 		if err != nil {
 			return fmt.Errorf("listen on %s: %w", *addr, err)
@@ -91,14 +97,61 @@ func newServeHealthCmd(env *cliEnv) *cobra.Command {
 
 var healthListeningRe = regexp.MustCompile(`health listening on (http://\S+)`)
 
-// startHealthResponder runs `rollbox healthd` on addr and feeds it the
-// service's health every healthEvery until stop; it reports the service
-// unresponsive when no snapshot came for stale. It returns the responder's
-// URL.
-func startHealthResponder(env *cliEnv, addr string, stale time.Duration, srv *runtime.Server, log *slog.Logger) (url string, stop func(), err error) {
-	cmd, in, out, err := startChild(env, "healthd", "--addr", addr, "--stale", stale.String())
+// healthResponder is a running `rollbox healthd` and the goroutine that
+// feeds it the service's health.
+type healthResponder struct {
+	url  string
+	pid  int
+	in   *os.File // its stdin's write end
+	wait func() error
+	kill func() error
+	done chan struct{}
+	fed  chan struct{}
+}
+
+// The variables of the environment by which a service that executes itself
+// again (--recycle-above) hands its health responder over to the next
+// image: the descriptor of the responder's stdin, its process id and URL.
+const (
+	healthFDEnv  = "ROLLBOX_HEALTH_FD"
+	healthPIDEnv = "ROLLBOX_HEALTH_PID"
+	healthURLEnv = "ROLLBOX_HEALTH_URL"
+)
+
+// startHealthResponder runs `rollbox healthd` on addr, or takes over the one
+// a previous image of this process handed over, and feeds it the service's
+// health every healthEvery until Stop; it reports the service unresponsive
+// when no snapshot came for stale.
+func startHealthResponder(env *cliEnv, addr string, stale time.Duration, srv *runtime.Server, log *slog.Logger) (*healthResponder, error) {
+	if r := adoptedHealthResponder(); r != nil {
+		r.feed(srv, log)
+		return r, nil
+	}
+	cmd, err := env.command("healthd", "--addr", addr, "--stale", stale.String())
 	if err != nil {
-		return "", nil, err
+		return nil, err
+	}
+	// No parent-death signal: the kernel sends it when the thread that
+	// started the child ends, as every thread but one does when this
+	// process executes itself again. The responder ends when its stdin
+	// does, which the kernel closes when this process dies.
+	cmd.Stderr = os.Stderr
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdin = pr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		pr.Close()
+		pw.Close()
+		return nil, err
+	}
+	err = cmd.Start()
+	pr.Close()
+	if err != nil {
+		pw.Close()
+		return nil, err
 	}
 	first := make(chan string, 1)
 	go func() {
@@ -110,49 +163,121 @@ func startHealthResponder(env *cliEnv, addr string, stale time.Duration, srv *ru
 		}
 		close(first)
 	}()
+	var url string
 	select {
 	case url = <-first:
 	case <-time.After(30 * time.Second):
 	}
 	if url == "" {
+		pw.Close()
 		cmd.Process.Kill()
 		cmd.Wait()
-		return "", nil, fmt.Errorf("the health responder (%s healthd) did not start listening on %s", cmd.Path, addr)
+		return nil, fmt.Errorf("the health responder (%s healthd) did not start listening on %s", cmd.Path, addr)
 	}
-	done := make(chan struct{})
-	fed := make(chan struct{})
+	r := &healthResponder{url: url, pid: cmd.Process.Pid, in: pw, wait: cmd.Wait, kill: cmd.Process.Kill}
+	r.feed(srv, log)
+	return r, nil
+}
+
+// handedHealth is the responder this image handed over (handOver): taken
+// back as it is when the next image could not be executed, so that its
+// stdin has one *os.File (whose finalizer would close it).
+var handedHealth *healthResponder
+
+// adoptedHealthResponder is the responder a previous image of this process
+// (or this image, when it could not execute the next) handed over, or nil.
+func adoptedHealthResponder() *healthResponder {
+	fdv, ok := os.LookupEnv(healthFDEnv)
+	pidv, url := os.Getenv(healthPIDEnv), os.Getenv(healthURLEnv)
+	for _, k := range []string{healthFDEnv, healthPIDEnv, healthURLEnv} {
+		os.Unsetenv(k)
+	}
+	if r := handedHealth; r != nil {
+		handedHealth = nil
+		syscall.CloseOnExec(int(r.in.Fd()))
+		return r
+	}
+	if !ok {
+		return nil
+	}
+	fd, err1 := strconv.Atoi(fdv)
+	pid, err2 := strconv.Atoi(pidv)
+	if err1 != nil || err2 != nil || fd < 3 || pid <= 0 {
+		return nil
+	}
+	syscall.CloseOnExec(fd)
+	p, err := os.FindProcess(pid) // a child of this process: the previous image started it
+	if err != nil {
+		return nil
+	}
+	return &healthResponder{url: url, pid: pid, in: os.NewFile(uintptr(fd), "health responder's stdin"),
+		wait: func() error { _, err := p.Wait(); return err }, kill: p.Kill}
+}
+
+// feed sends the service's health to the responder every healthEvery
+// until stopFeeding.
+func (r *healthResponder) feed(srv *runtime.Server, log *slog.Logger) {
+	r.done, r.fed = make(chan struct{}), make(chan struct{})
 	go func() {
-		defer close(fed)
+		defer close(r.fed)
 		tick := time.NewTicker(healthEvery)
 		defer tick.Stop()
 		for {
 			h, code := srv.Health()
 			body, _ := json.Marshal(h)
 			line, _ := json.Marshal(healthSnapshot{Code: code, Body: body})
-			if _, err := in.Write(append(line, '\n')); err != nil {
+			if _, err := r.in.Write(append(line, '\n')); err != nil {
 				if !errors.Is(err, os.ErrClosed) {
 					log.Error("the health responder went away: /healthz on the health address no longer answers", "err", err)
 				}
 				return
 			}
 			select {
-			case <-done:
+			case <-r.done:
 				return
 			case <-tick.C: // through the shutdown too: it reports shutting_down
 			}
 		}
 	}()
-	return url, func() {
-		close(done)
-		<-fed
-		in.Close()
-		waited := make(chan error, 1)
-		go func() { waited <- cmd.Wait() }()
-		select {
-		case <-waited:
-		case <-time.After(2 * time.Second):
-			cmd.Process.Kill()
-			<-waited
-		}
-	}, nil
+}
+
+func (r *healthResponder) stopFeeding() {
+	select {
+	case <-r.done:
+	default:
+		close(r.done)
+	}
+	<-r.fed
+}
+
+// Stop ends the responder: its stdin closed, it is killed if it has not
+// exited within 2 s.
+func (r *healthResponder) Stop() {
+	r.stopFeeding()
+	r.in.Close()
+	waited := make(chan error, 1)
+	go func() { waited <- r.wait() }()
+	select {
+	case <-waited:
+	case <-time.After(2 * time.Second):
+		r.kill()
+		<-waited
+	}
+}
+
+// handOver stops feeding the responder, which keeps answering with the last
+// snapshot (the service's idle "ok") for its --stale, and leaves it to the
+// next image of this process: its stdin kept open across exec, where to
+// find it in the environment.
+func (r *healthResponder) handOver() error {
+	r.stopFeeding()
+	fd := r.in.Fd()
+	if _, _, errno := syscall.Syscall(syscall.SYS_FCNTL, fd, syscall.F_SETFD, 0); errno != 0 {
+		return errno
+	}
+	os.Setenv(healthFDEnv, strconv.Itoa(int(fd)))
+	os.Setenv(healthPIDEnv, strconv.Itoa(r.pid))
+	os.Setenv(healthURLEnv, r.url)
+	handedHealth = r
+	return nil
 }

@@ -25,8 +25,9 @@ import (
 // more), it executes itself again in place. It is the same process on the
 // same listening socket; its anonymous memory is back within 20% of what it
 // had before the rollout; the rollout is still there and a new one runs;
-// a client opening connections all along has every one answered; and it
-// still stops on SIGTERM with exit 0.
+// a client opening connections all along, to the API and to the
+// --health-addr responder (handed over, not restarted), has every one
+// answered 200; and it still stops on SIGTERM with exit 0.
 func TestAnIdleServiceExecutesItselfAgainAndGivesItsMemoryBack(t *testing.T) {
 	p, err := fakepolicy.Start(fakepolicy.Config{Responder: fakepolicy.BashThenFinish(2)})
 	if err != nil {
@@ -34,7 +35,8 @@ func TestAnIdleServiceExecutesItselfAgainAndGivesItsMemoryBack(t *testing.T) {
 	}
 	defer p.Close()
 	data := filepath.Join(t.TempDir(), "data")
-	cmd, _ := testSelf("serve", "--addr", "127.0.0.1:0", "--data", data, "--no-audit-log", "--recycle-above", "1B", "--recycle-idle", "1s")
+	cmd, _ := testSelf("serve", "--addr", "127.0.0.1:0", "--data", data, "--no-audit-log", "--recycle-above", "1B", "--recycle-idle", "1s",
+		"--health-addr", "127.0.0.1:0")
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -46,7 +48,7 @@ func TestAnIdleServiceExecutesItselfAgainAndGivesItsMemoryBack(t *testing.T) {
 	}()
 	var logMu sync.Mutex
 	var logs strings.Builder
-	listening := make(chan string, 4)
+	listening, healthOn := make(chan string, 4), make(chan string, 4)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -57,6 +59,9 @@ func TestAnIdleServiceExecutesItselfAgainAndGivesItsMemoryBack(t *testing.T) {
 			if m := listenRe.FindStringSubmatch(sc.Text()); m != nil {
 				listening <- m[1]
 			}
+			if m := healthOnRe.FindStringSubmatch(sc.Text()); m != nil {
+				healthOn <- strings.TrimSuffix(m[1], "/healthz")
+			}
 		}
 		exited <- cmd.Wait()
 	}()
@@ -65,9 +70,10 @@ func TestAnIdleServiceExecutesItselfAgainAndGivesItsMemoryBack(t *testing.T) {
 		defer logMu.Unlock()
 		return logs.String()
 	}
-	var api string
+	var api, health string
 	select {
-	case api = <-listening:
+	case health = <-healthOn:
+		api = <-listening
 	case <-time.After(60 * time.Second):
 		t.Fatalf("rollbox serve did not listen in 60 s:\n%s", logged())
 	}
@@ -89,19 +95,21 @@ func TestAnIdleServiceExecutesItselfAgainAndGivesItsMemoryBack(t *testing.T) {
 				return
 			case <-time.After(10 * time.Millisecond):
 			}
-			resp, err := c.Get(api + "/healthz")
-			if err == nil && resp.StatusCode == 200 {
-				answered.Add(1)
-				resp.Body.Close()
-				continue
+			for _, u := range []string{api, health} {
+				resp, err := c.Get(u + "/healthz")
+				if err == nil && resp.StatusCode == 200 {
+					answered.Add(1)
+					resp.Body.Close()
+					continue
+				}
+				failed.Add(1)
+				msg := u + ": " + fmt.Sprint(err)
+				if err == nil {
+					msg = u + ": " + resp.Status
+					resp.Body.Close()
+				}
+				firstFailure.CompareAndSwap(nil, &msg)
 			}
-			failed.Add(1)
-			msg := fmt.Sprint(err)
-			if err == nil {
-				msg = resp.Status
-				resp.Body.Close()
-			}
-			firstFailure.CompareAndSwap(nil, &msg)
 		}
 	}()
 
@@ -142,6 +150,9 @@ func TestAnIdleServiceExecutesItselfAgainAndGivesItsMemoryBack(t *testing.T) {
 		if again != api {
 			t.Errorf("after recycling, listening on %s, not %s", again, api)
 		}
+		if h := <-healthOn; h != health {
+			t.Errorf("after recycling, the health responder is on %s, not %s", h, health)
+		}
 	case <-time.After(60 * time.Second):
 		t.Fatalf("the idle service did not execute itself again within 60 s:\n%s", logged())
 	}
@@ -181,7 +192,7 @@ func TestAnIdleServiceExecutesItselfAgainAndGivesItsMemoryBack(t *testing.T) {
 	}
 	close(stopProbes)
 	<-probed
-	if n := failed.Load(); n > 0 || answered.Load() < 50 {
+	if n := failed.Load(); n > 0 || answered.Load() < 100 {
 		first := "none"
 		if f := firstFailure.Load(); f != nil {
 			first = *f

@@ -381,18 +381,21 @@ stderr.`,
 			srv.Close()
 			return fmt.Errorf("listen on %s: %w", *addr, err)
 		}
-		stopHealth := func() {}
+		var health *healthResponder
 		if *healthAddr != "" {
-			hurl, stop, err := startHealthResponder(env, *healthAddr, *healthStale, srv, log)
-			if err != nil {
+			if health, err = startHealthResponder(env, *healthAddr, *healthStale, srv, log); err != nil {
 				ln.Close()
 				srv.Close()
 				return fmt.Errorf("--health-addr: %w", err)
 			}
-			stopHealth = stop
-			log.Info(fmt.Sprintf("health responder on %s/healthz (its own process)", hurl), "health_url", hurl+"/healthz")
+			log.Info(fmt.Sprintf("health responder on %s/healthz (its own process)", health.url), "health_url", health.url+"/healthz")
 		}
-		defer stopHealth()
+		healthHanded := false
+		defer func() {
+			if health != nil && !healthHanded {
+				health.Stop()
+			}
+		}()
 		hs := srv.HTTPServer()
 		served := make(chan error, 1)
 		go func() { served <- hs.Serve(ln) }()
@@ -437,6 +440,15 @@ stderr.`,
 			}
 			if drained && srv.Quiescent() {
 				handOver = f
+				if health != nil {
+					// It answers with the last snapshot (ok, idle) until
+					// the next image feeds it, not "shutting_down".
+					if herr := health.handOver(); herr != nil {
+						log.Warn("the health responder could not be handed over: it is restarted", "err", herr)
+					} else {
+						healthHanded = true
+					}
+				}
 				break wait
 			}
 			// A connection still open (a stream, a request slow to
