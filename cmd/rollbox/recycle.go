@@ -50,6 +50,9 @@ func parseRecycle(v string) (*runtime.RecyclePolicy, error) {
 // process handed over (nil when none). The variables are removed from the
 // environment: nothing this process starts inherits them.
 func inheritedListener() (*os.File, error) {
+	if fd, err := strconv.Atoi(os.Getenv(healthFDEnv)); err == nil && fd >= 3 {
+		syscall.CloseOnExec(fd) // at once: a child started before its adoption must not hold it
+	}
 	v, ok := os.LookupEnv(listenFDEnv)
 	if !ok {
 		return nil, nil

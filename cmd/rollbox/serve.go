@@ -516,6 +516,12 @@ stderr.`,
 			if recycleWith == nil {
 				return err
 			}
+			if cmd.Context().Err() != nil {
+				// A signal came while it stopped to recycle: stopped, as
+				// asked (the health responder ends with its stdin).
+				recycleWith.Close()
+				return nil
+			}
 			// execSelf returns only when the new image could not be
 			// executed: serve on in this one, on the same socket.
 			xerr := execSelf(env, recycleWith)
