@@ -235,10 +235,7 @@ func (l *Listener) pollLoop() {
 				if err != nil {
 					continue
 				}
-				select {
-				case l.conns <- accepted{c: c}:
-				case <-l.done:
-					c.Close()
+				if !l.give(c) {
 					waiting = waiting[i+1:]
 					return
 				}
@@ -273,10 +270,7 @@ func (l *Listener) pollLoop() {
 			if err != nil {
 				continue
 			}
-			select {
-			case l.conns <- accepted{c: c}:
-			case <-l.done:
-				c.Close()
+			if !l.give(c) {
 				for _, h := range waiting[i+1:] {
 					rawClose(h.fd)
 				}
@@ -285,6 +279,18 @@ func (l *Listener) pollLoop() {
 			}
 		}
 		waiting = kept
+	}
+}
+
+// give hands c to Accept; false when the listener was closed first (c is
+// closed then).
+func (l *Listener) give(c net.Conn) bool {
+	select {
+	case l.conns <- accepted{c: c}:
+		return true
+	case <-l.done:
+		c.Close()
+		return false
 	}
 }
 
