@@ -244,16 +244,39 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	// One process per ID: a second worker started with the ID of a live
 	// one would share its subjects (stored, ping) and its sandboxes'
 	// owner label, and its gc would remove the live one's sandboxes.
+	var nonce [8]byte
+	rand.Read(nonce[:])
+	w.instance = hex.EncodeToString(nonce[:])
+	// The live workers of the backend are asked their ack wait while the
+	// ID is taken: each waits for answers (worker start takes as long as
+	// takeID alone).
+	asub, err := w.answerAckWait()
+	if err != nil {
+		return err
+	}
+	defer asub.Unsubscribe()
+	type answers struct {
+		live []cluster.AckWaitAnswer
+		err  error
+	}
+	asked := make(chan answers, 1)
+	go func() {
+		live, err := w.liveAckWaits(setup)
+		asked <- answers{live, err}
+	}()
 	psub, err := w.takeID(setup)
 	if err != nil {
 		return err
 	}
 	defer psub.Unsubscribe()
-	cons, asub, err := w.workQueue(setup)
+	a := <-asked
+	if a.err != nil {
+		return a.err
+	}
+	cons, err := w.workQueue(setup, a.live)
 	if err != nil {
 		return err
 	}
-	defer asub.Unsubscribe()
 	if o.Prepare != nil {
 		o.Prepare(ctx)
 	}
@@ -380,9 +403,6 @@ type pingAnswer struct {
 // workers started at once with one ID, the later one (or both) sees the
 // other then, and refuses.
 func (w *worker) takeID(ctx context.Context) (*nats.Subscription, error) {
-	var nonce [8]byte
-	rand.Read(nonce[:])
-	w.instance = hex.EncodeToString(nonce[:])
 	me, _ := json.Marshal(pingAnswer{Instance: w.instance, Host: w.o.Host, PID: os.Getpid()})
 	if other, err := w.otherInstance(ctx); err != nil {
 		return nil, err
@@ -446,41 +466,38 @@ func (w *worker) idTaken(other *pingAnswer) error {
 	return fmt.Errorf("--id %s: %w: %s answers to it; stop that worker first or give this one another --id", w.o.ID, ErrWorkerIDTaken, who)
 }
 
-// workQueue joins the backend's work queue consumer. From then on w
-// answers on cluster.AckWaitSubject with the ack wait it keeps its items
-// by (the returned subscription); then it asks the live workers of its
-// backend theirs. One of them keeping its items by another than
-// o.AckWait refuses w (ErrAckWaitInUse): the consumer has one ack wait,
-// and a shorter one would have JetStream redeliver the episodes they run
-// while they run them. With none live, w sets its own on the consumer;
-// with some, it leaves the consumer as it is. Either way w keeps its items
-// by the ack wait the server holds, read back. As in takeID, of two
-// workers started at once with different values the later (or both) sees
-// the other and is refused.
-func (w *worker) workQueue(ctx context.Context) (jetstream.Consumer, *nats.Subscription, error) {
+// answerAckWait makes w answer on cluster.AckWaitSubject with the ack
+// wait it keeps its items by (its --ack-wait until workQueue read the
+// consumer's back), before it asks the others (liveAckWaits): as in
+// takeID, of two workers started at once with different values the later
+// (or both) sees the other and is refused.
+func (w *worker) answerAckWait() (*nats.Subscription, error) {
 	w.setAckWait(w.o.AckWait)
-	sub, err := w.ctl.Subscribe(cluster.AckWaitSubject(w.o.Backend), func(m *nats.Msg) {
+	return w.ctl.Subscribe(cluster.AckWaitSubject(w.o.Backend), func(m *nats.Msg) {
 		b, _ := json.Marshal(cluster.AckWaitAnswer{Worker: w.o.ID, Host: w.o.Host, Instance: w.instance, AckWait: w.ackWaitNow()})
 		m.Respond(b)
 	})
-	if err != nil {
-		return nil, nil, err
-	}
-	fail := func(err error) (jetstream.Consumer, *nats.Subscription, error) {
-		sub.Unsubscribe()
-		return nil, nil, err
-	}
-	live, err := w.liveAckWaits(ctx)
-	if err != nil {
-		return fail(err)
-	}
+}
+
+// workQueue joins the backend's work queue consumer, given the answers
+// of the live workers of its backend (liveAckWaits). One of them keeping
+// its items by another ack wait than o.AckWait refuses w
+// (ErrAckWaitInUse): the consumer has one, and a shorter one would have
+// JetStream redeliver the episodes they run while they run them. With
+// none live, w sets its own on the consumer; with some, it leaves the
+// consumer as it is. Either way w keeps its items by the ack wait the
+// server holds, read back.
+func (w *worker) workQueue(ctx context.Context, live []cluster.AckWaitAnswer) (jetstream.Consumer, error) {
 	for _, a := range live {
 		if a.AckWait != w.o.AckWait {
-			return fail(w.ackWaitInUse(a, len(live)))
+			return nil, w.ackWaitInUse(a, len(live))
 		}
 	}
 	name := cluster.WorkConsumer(w.o.Backend)
-	var cons jetstream.Consumer
+	var (
+		cons jetstream.Consumer
+		err  error
+	)
 	if len(live) > 0 {
 		cons, err = w.js.Consumer(ctx, cluster.WorkStream, name)
 	}
@@ -488,14 +505,14 @@ func (w *worker) workQueue(ctx context.Context) (jetstream.Consumer, *nats.Subsc
 		cons, err = w.js.CreateOrUpdateConsumer(ctx, cluster.WorkStream, cluster.WorkConsumerConfig(w.o.Backend, w.o.AckWait))
 	}
 	if err != nil {
-		return fail(fmt.Errorf("JetStream consumer %s: %w", name, err))
+		return nil, fmt.Errorf("JetStream consumer %s: %w", name, err)
 	}
 	if d := cons.CachedInfo().Config.AckWait; d != w.o.AckWait {
 		w.log.Warn("worker: the work queue's ack wait on the NATS server is not --ack-wait; the worker keeps its items by the server's",
 			"consumer", name, "ack_wait", d.String(), "flag", w.o.AckWait.String())
 		w.setAckWait(d)
 	}
-	return cons, sub, nil
+	return cons, nil
 }
 
 // liveAckWaits asks the live workers of w's backend the ack wait they
