@@ -23,7 +23,8 @@ const idleRecycleAfter = 30 * time.Second
 // the memory an idle reclaim cannot (RecycleDue): once it has had nothing to
 // run for After (default idleRecycleAfter) and no request to answer, and
 // its anonymous memory is more than Fraction (or, when Fraction is 0, more
-// than Bytes) above what it had a second after it opened.
+// than Bytes) above what it had when it opened (before any request could
+// come: a rollout submitted at once must not be part of the measure).
 //
 // The Go runtime keeps its high-water marks for the life of a process: a
 // descriptor for every goroutine it ever ran at once (a few hundred bytes
@@ -69,9 +70,8 @@ func (s *Server) Quiescent() bool {
 	return opening == 0 && (s.coord == nil || s.coord.dispatched() == 0)
 }
 
-// AnonymousMemory is the process's anonymous resident memory now and a
-// second after the service opened, in bytes (0 until then, or when /proc
-// cannot be read).
+// AnonymousMemory is the process's anonymous resident memory now and when
+// the service opened, in bytes (0 when /proc cannot be read).
 func (s *Server) AnonymousMemory() (now, atStart int64) {
 	return proc.StatusBytes("self", "RssAnon:"), s.anonAtStart.Load()
 }
@@ -106,14 +106,11 @@ func (s *Server) reclaimWhenIdle(ctx context.Context) {
 	// started (a service that did nothing is not recycled for the little
 	// its first collections and scrapes add); asked: when it last asked.
 	busySince, reclaimed, worked, asked := time.Now(), true, false, time.Time{}
-	for first := true; ; first = false {
+	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-		}
-		if first {
-			s.anonAtStart.Store(proc.StatusBytes("self", "RssAnon:"))
 		}
 		busied := s.sched.busied.Swap(false)
 		if s.worked.Swap(false) || busied {

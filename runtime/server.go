@@ -25,6 +25,7 @@ import (
 	"github.com/rollbox/rollbox/agent/judge"
 	"github.com/rollbox/rollbox/agent/trajectory"
 	"github.com/rollbox/rollbox/internal/cpugate"
+	"github.com/rollbox/rollbox/internal/proc"
 	"github.com/rollbox/rollbox/sandbox"
 	"github.com/rollbox/rollbox/tools"
 )
@@ -146,8 +147,8 @@ type Server struct {
 
 	// inFlight counts the API requests being answered (streams and imports
 	// included); recycleDue takes one value when the service asks to be
-	// re-executed (Options.Recycle); anonAtStart is its anonymous memory a
-	// second after it opened.
+	// re-executed (Options.Recycle); anonAtStart is its anonymous memory
+	// when it opened.
 	inFlight    atomic.Int64
 	worked      atomic.Bool // an import took a slot or an environment episode opened (reclaimWhenIdle takes it)
 	recycleDue  chan struct{}
@@ -285,6 +286,8 @@ func Open(opts Options) (*Server, error) {
 	}
 	s.sched = newScheduler(s.limits, runner.start, s.storage.ok, s.coord != nil)
 	s.sched.warn = s.log.Warn
+	// Before any request can come (the caller listens once Open returns).
+	s.anonAtStart.Store(proc.StatusBytes("self", "RssAnon:"))
 	s.bg.Add(7)
 	go func() { defer s.bg.Done(); s.reclaimWhenIdle(s.ctx) }()
 	go func() { defer s.bg.Done(); s.sweepOutcomes(s.ctx.Done()) }()
