@@ -39,6 +39,9 @@ func parseRecycle(v string) (*runtime.RecyclePolicy, error) {
 		}
 		return &runtime.RecyclePolicy{Fraction: f / 100}, nil
 	}
+	if _, err := strconv.ParseFloat(v, 64); err == nil {
+		return nil, fmt.Errorf("%q: a percentage (20%%) or a size with its unit (64MiB), not a bare number", v)
+	}
 	n, err := parseSize(v)
 	if err != nil || n <= 0 {
 		return nil, fmt.Errorf("%q: a percentage above 0 (20%%), a size (64MiB) or off", v)
