@@ -109,13 +109,33 @@ func TestACancelledCommandLeavesNothingForTheNextOne(t *testing.T) {
 				t.Fatal(err)
 			}
 			for round := range 5 {
-				cctx, cancel := context.WithTimeout(ctx, 400*time.Millisecond)
-				_, err := sb.Exec(cctx, sandbox.ExecRequest{Shell: `for i in 1 2 3; do sh /work/chain; done
+				if _, err := sb.Exec(ctx, sandbox.ExecRequest{Shell: "rm -f /work/victim"}); err != nil {
+					t.Fatal(err)
+				}
+				// Cancelled as soon as it wrote the victim, so while its
+				// daemon is being forked (a fixed 400 ms was not enough for
+				// gVisor on a loaded host to get that far, and the victim was
+				// never written: CI of de9b804, load ~19).
+				cctx, cancel := context.WithCancel(ctx)
+				done := make(chan error, 1)
+				go func() {
+					_, err := sb.Exec(cctx, sandbox.ExecRequest{Shell: `for i in 1 2 3; do sh /work/chain; done
 echo original > /work/victim
 setsid sh -c 'sleep 1; echo tampered > /work/victim' &
 sleep 1000`})
+					done <- err
+				}()
+				for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+					if got, _ := sb.ReadFile(ctx, "/work/victim", 0); string(got) == "original\n" {
+						break
+					}
+					if time.Now().After(deadline) {
+						cancel()
+						t.Fatalf("round %d: the command did not write the victim in 30 s", round)
+					}
+				}
 				cancel()
-				if err == nil {
+				if err := <-done; err == nil {
 					t.Fatal("the command was not cancelled")
 				}
 				if left := survivors(t, sb); len(left) > 0 {
