@@ -114,6 +114,9 @@ type worker struct {
 	// reserving counts the group items taking their slots: the fetch loop
 	// takes no work meanwhile.
 	reserving atomic.Int32
+	// tooSmallUntil (Unix ns): until then the worker fetches at the lowest
+	// priority, having just left a group item too big for it (handleGroup).
+	tooSmallUntil atomic.Int64
 	groupMu   sync.Mutex // held by the group item reserving its slots
 
 	// instance tells this process from another of the same ID (its
@@ -333,7 +336,11 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 				break more
 			}
 		}
-		batch, err := cons.Fetch(n, append(cluster.WorkFetchOpts(n), jetstream.FetchMaxWait(time.Second))...)
+		rank := n
+		if time.Now().UnixNano() < w.tooSmallUntil.Load() {
+			rank = 1 // the lowest priority
+		}
+		batch, err := cons.Fetch(n, append(cluster.WorkFetchOpts(rank), jetstream.FetchMaxWait(time.Second))...)
 		got := 0
 		if err == nil {
 			for msg := range batch.Messages() {
@@ -877,6 +884,11 @@ const (
 	groupTooBigJitter = time.Second
 )
 
+// groupTooSmallFor is how long a worker that left a group item too big
+// for it fetches at the lowest priority, so that the item's redelivery
+// goes to a waiting worker of its rank with room before it.
+const groupTooSmallFor = 10 * time.Second
+
 // groupSlotWait is how long a worker waits for the slots of a group item
 // before it leaves the item to a worker with room (or to itself later).
 const groupSlotWait = 3 * time.Second
@@ -892,9 +904,14 @@ func (w *worker) handleGroup(ctx context.Context, msg jetstream.Msg, item cluste
 		w.log.Warn("worker: a group's work item needs a slot for each of its episodes, more than this worker's --slots; left to a worker with room",
 			"group", item.GroupID, "episodes", n, "slots", w.o.Slots)
 		// Ranked by free slots (cluster.WorkFetchOpts), the item goes next
-		// to a waiting worker with more; among equals (a group of 3, this
-		// worker of 2 and one of 3) the delay's jitter keeps it from coming
-		// back to the same one each time.
+		// to a waiting worker with more. Among workers of one rank (a
+		// group of 3, this worker of 2 and one of 3) JetStream serves the
+		// oldest request, and this worker's, made as it naked, was older
+		// when the delay ended than the others' (renewed every second):
+		// it got the item back each time (CI of de9b804: 20 times in 35 s,
+		// the 3-slot worker never). So it fetches at the lowest priority
+		// for a while.
+		w.tooSmallUntil.Store(time.Now().Add(groupTooSmallFor).UnixNano())
 		msg.NakWithDelay(groupTooBigDelay + mrand.N(groupTooBigJitter))
 		return
 	}
