@@ -117,7 +117,7 @@ type worker struct {
 	// tooSmallUntil (Unix ns): until then the worker fetches at the lowest
 	// priority, having just left a group item too big for it (handleGroup).
 	tooSmallUntil atomic.Int64
-	groupMu   sync.Mutex // held by the group item reserving its slots
+	groupMu       sync.Mutex // held by the group item reserving its slots
 
 	// instance tells this process from another of the same ID (its
 	// answers to pings carry it).
