@@ -271,10 +271,10 @@ func (r *healthResponder) Stop() {
 // find it in the environment.
 func (r *healthResponder) handOver() error {
 	r.stopFeeding()
-	fd := r.in.Fd()
-	if _, _, errno := syscall.Syscall(syscall.SYS_FCNTL, fd, syscall.F_SETFD, 0); errno != 0 {
-		return errno
+	if err := keepAcrossExec(r.in); err != nil {
+		return err
 	}
+	fd := r.in.Fd()
 	os.Setenv(healthFDEnv, strconv.Itoa(int(fd)))
 	os.Setenv(healthPIDEnv, strconv.Itoa(r.pid))
 	os.Setenv(healthURLEnv, r.url)

@@ -95,6 +95,15 @@ func listen(addr string, inherited *os.File) (*net.TCPListener, error) {
 	return tcp, nil
 }
 
+// keepAcrossExec clears f's close-on-exec flag: the next image of this
+// process inherits its descriptor.
+func keepAcrossExec(f *os.File) error {
+	if _, _, errno := syscall.Syscall(syscall.SYS_FCNTL, f.Fd(), syscall.F_SETFD, 0); errno != 0 {
+		return errno
+	}
+	return nil
+}
+
 // execSelf executes this process's own image again (/proc/self/exe: the
 // same file even if it was replaced or removed since; a test's child process
 // through env.self), with the same arguments, handing it ln. It returns only
@@ -115,8 +124,8 @@ func execSelf(env *cliEnv, ln *os.File) error {
 		}
 	}
 	fd := int(ln.Fd())
-	if _, _, errno := syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_SETFD, 0); errno != 0 {
-		return fmt.Errorf("keeping the listening socket open across exec: %w", errno)
+	if err := keepAcrossExec(ln); err != nil {
+		return fmt.Errorf("keeping the listening socket open across exec: %w", err)
 	}
 	var vars []string
 	for _, kv := range environ {
