@@ -430,20 +430,31 @@ func (w *worker) takeID(ctx context.Context) (*nats.Subscription, error) {
 	return sub, nil
 }
 
+// ask publishes an empty request on subject and returns the channel its
+// answers arrive on (up to buf held) and the function that stops them.
+func (w *worker) ask(subject string, buf int) (<-chan *nats.Msg, func(), error) {
+	inbox := w.ctl.NewRespInbox()
+	ch := make(chan *nats.Msg, buf)
+	sub, err := w.ctl.ChanSubscribe(inbox, ch)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := w.ctl.PublishRequest(subject, inbox, nil); err != nil {
+		sub.Unsubscribe()
+		return nil, nil, err
+	}
+	return ch, func() { sub.Unsubscribe() }, nil
+}
+
 // otherInstance pings w's ID and returns the first answer of another
 // process, or nil when none answers within a second (a worker answers at
 // once; with nobody subscribed NATS says so at once).
 func (w *worker) otherInstance(ctx context.Context) (*pingAnswer, error) {
-	inbox := w.ctl.NewRespInbox()
-	ch := make(chan *nats.Msg, 16)
-	sub, err := w.ctl.ChanSubscribe(inbox, ch)
+	ch, done, err := w.ask(cluster.PingSubject(w.o.ID), 16)
 	if err != nil {
 		return nil, err
 	}
-	defer sub.Unsubscribe()
-	if err := w.ctl.PublishRequest(cluster.PingSubject(w.o.ID), inbox, nil); err != nil {
-		return nil, err
-	}
+	defer done()
 	t := time.NewTimer(time.Second)
 	defer t.Stop()
 	for {
@@ -527,16 +538,11 @@ func (w *worker) workQueue(ctx context.Context, live []cluster.AckWaitAnswer) (j
 // (subscribed already: it answers at once), gathered until none came for
 // a quarter of a second, two seconds at most.
 func (w *worker) liveAckWaits(ctx context.Context) ([]cluster.AckWaitAnswer, error) {
-	inbox := w.ctl.NewRespInbox()
-	ch := make(chan *nats.Msg, 64)
-	sub, err := w.ctl.ChanSubscribe(inbox, ch)
+	ch, done, err := w.ask(cluster.AckWaitSubject(w.o.Backend), 64)
 	if err != nil {
 		return nil, err
 	}
-	defer sub.Unsubscribe()
-	if err := w.ctl.PublishRequest(cluster.AckWaitSubject(w.o.Backend), inbox, nil); err != nil {
-		return nil, err
-	}
+	defer done()
 	limit := time.NewTimer(2 * time.Second)
 	defer limit.Stop()
 	quiet := time.NewTimer(2 * time.Second)
